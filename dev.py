@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Set up the pinned environment (idempotently) and run the demo or the test suite.
+
+    python3 dev.py train     # tiny Llama-3 on CPU through TorchTitan (the default backend)
+    python3 dev.py test      # the whole test suite
+
+Standard library only: this is the bootstrap that exists before the venv does. The venv
+lives at .venv/; installs are skipped when the pinned requirement files have not changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / "bin"
+REQ = ROOT / "requirements"
+# Order matters: torch first so nothing later can pull a different (CUDA) build.
+REQUIREMENT_FILES = ["torch-cpu.txt", "core.txt", "torchtitan.txt", "megatron.txt", "test.txt"]
+STAMP = VENV / ".primus-setup"
+
+
+def _fingerprint() -> str:
+    digest = hashlib.sha256()
+    for name in [*REQUIREMENT_FILES, "constraints.txt"]:
+        digest.update((REQ / name).read_bytes())
+    digest.update((ROOT / "pyproject.toml").read_bytes())
+    return digest.hexdigest()
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", *args], check=True)
+
+
+def ensure_venv() -> None:
+    """Create .venv and install the pinned stack; a no-op when nothing changed."""
+    if not (BIN / "python").exists():
+        print(f"[setup] creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    fingerprint = _fingerprint()
+    if STAMP.exists() and STAMP.read_text() == fingerprint:
+        return
+    print("[setup] installing pinned requirements (torch CPU build, engines, test tools)", flush=True)
+    requirements = [arg for name in REQUIREMENT_FILES for arg in ("-r", str(REQ / name))]
+    _pip("install", "-q", "-c", str(REQ / "constraints.txt"), *requirements)
+    _pip("install", "-q", "--no-deps", "--no-build-isolation", "-e", str(ROOT))
+    STAMP.write_text(fingerprint)
+    print("[setup] done", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"train", "test", "setup"}:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    ensure_venv()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    command, rest = argv[0], argv[1:]
+    if command == "setup":
+        return 0
+    if command == "train":
+        demo = ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml"
+        return subprocess.call([str(BIN / "primus"), "train", str(demo), *rest], env=env, cwd=ROOT)
+    return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], env=env, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

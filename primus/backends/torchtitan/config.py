@@ -1,0 +1,210 @@
+"""The module section -> TorchTitan's own ``Trainer.Config`` dataclass tree, strictly.
+
+Every key must be a field of the engine's config object at that place (did-you-mean from
+the real field names); leaf values are type-checked against the field's annotation with
+pydantic's ``TypeAdapter``. Keys Primus consumes itself (``PRIMUS_KEYS``) never reach the
+engine.
+
+Primus conveniences on top of the native tree (documented in the README):
+- ``model``: the neutral Llama description (``LlamaModelSpec``), turned into ``model_spec``;
+- ``attn_backend``: ``auto`` (SDPA on CPU, flex on GPU) | sdpa | flex | flex_flash | varlen;
+- ``optimizer.{name,lr,betas,eps,weight_decay}``: one catch-all param group;
+- ``activation_checkpoint.mode``: selective | full | memory_budget | none;
+- ``primus``: Primus-only options (tiny_assets, peak_tflops, tensorboard).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import typing
+from pathlib import Path
+from typing import Any
+
+from primus.config.errors import ConfigError, did_you_mean
+from primus.config.model_spec import LlamaModelSpec
+from primus.config.provenance import Provenance
+from primus.config.schema import validate_model
+from primus.backends.torchtitan.model import ATTENTION_BACKENDS, build_model_spec
+
+PRIMUS_KEYS = ("model", "attn_backend", "primus")
+OWNED_BY_PRIMUS = {"dump_folder": "the run directory", "model_spec": "the `model:` preset"}
+OPTIMIZER_SHORTCUTS = ("name", "lr", "betas", "eps", "weight_decay")
+AC_MODES = ("selective", "full", "memory_budget", "none")
+
+
+@dataclasses.dataclass
+class BuildContext:
+    """Where the values came from (for messages) and what Primus decided for the user."""
+
+    provenance: Provenance | None
+    prefix: str  # "modules.pre_trainer"
+    derived: list[tuple[str, Any, str]] = dataclasses.field(default_factory=list)
+
+    def where(self, key: str) -> str:
+        full = f"{self.prefix}.{key}"
+        return self.provenance.describe(full) if self.provenance else full
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.where(key)}: {self.prefix}.{key}: {message}")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls, include_extras=False)
+    except Exception:  # forward refs under TYPE_CHECKING: skip type checks for this class
+        return {}
+
+
+def _check_type(cls: type, name: str, value: Any, ctx: BuildContext, key: str) -> Any:
+    hint = _hints(cls).get(name)
+    if hint is None:
+        return value
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        adapter = TypeAdapter(hint)
+    except Exception:  # annotation pydantic cannot model (engine objects): trust the engine
+        return value
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        raise ctx.fail(key, f"{value!r} is not a valid {getattr(hint, '__name__', hint)}: "
+                            f"{exc.errors()[0]['msg']}") from None
+
+
+def apply_tree(obj: Any, data: dict[str, Any], ctx: BuildContext, path: str = "") -> None:
+    """Set ``data`` onto the dataclass ``obj`` recursively, refusing unknown keys."""
+    fields = {f.name for f in dataclasses.fields(obj) if not f.name.startswith("_")}
+    for name, value in data.items():
+        key = f"{path}.{name}" if path else name
+        if name not in fields:
+            raise ctx.fail(key, f"unknown key for TorchTitan {type(obj).__qualname__}"
+                                f"{did_you_mean(name, fields)}")
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            apply_tree(current, value, ctx, key)
+        else:
+            setattr(obj, name, _check_type(type(obj), name, copy.deepcopy(value), ctx, key))
+
+
+def _model_spec(params: dict[str, Any], ctx: BuildContext) -> LlamaModelSpec:
+    if "model" not in params:
+        raise ctx.fail("model", "missing: set `model:` in the experiment (a model preset such as llama3_tiny.yaml)")
+    if not isinstance(params["model"], dict):
+        raise ctx.fail("model", "must be a mapping of the neutral Llama keys (n_layers, dim, ...)")
+    return validate_model(LlamaModelSpec, params["model"], ctx.provenance or Provenance(), f"{ctx.prefix}.model")
+
+
+def _attn_backend(params: dict[str, Any], device: str, ctx: BuildContext) -> str:
+    choice = params.get("attn_backend", "auto")
+    if choice == "auto":
+        choice = "flex" if device == "cuda" else "sdpa"
+        ctx.derived.append(("attn_backend", choice, "auto: FlexAttention has no CPU backward in torch 2.13"
+                            if device != "cuda" else "auto: FlexAttention on GPU"))
+    if choice not in ATTENTION_BACKENDS:
+        raise ctx.fail("attn_backend", f"'{choice}' is not one of auto, {', '.join(ATTENTION_BACKENDS)}"
+                                       f"{did_you_mean(choice, ATTENTION_BACKENDS)}")
+    return choice
+
+
+def _optimizer(cfg: Any, section: dict[str, Any], ctx: BuildContext) -> dict[str, Any]:
+    """Turn the flat optimizer shortcuts into one catch-all param group."""
+    section = dict(section)
+    shortcuts = {k: section.pop(k) for k in OPTIMIZER_SHORTCUTS if k in section}
+    if shortcuts and "param_groups" in section:
+        raise ctx.fail("optimizer.param_groups", "give either param_groups or the flat name/lr/... keys, not both")
+    if shortcuts:
+        from torchtitan.components.optimizer import ParamGroupConfig
+
+        kwargs = {"lr": 8e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+        kwargs.update({k: (tuple(v) if k == "betas" else v) for k, v in shortcuts.items() if k != "name"})
+        cfg.optimizer.param_groups = [ParamGroupConfig(pattern=r".*", optimizer_name=shortcuts.get("name", "AdamW"),
+                                                       optimizer_kwargs=kwargs)]
+    if "param_groups" in section:
+        from torchtitan.components.optimizer import ParamGroupConfig
+
+        groups = section.pop("param_groups")
+        try:
+            cfg.optimizer.param_groups = [ParamGroupConfig(**group) for group in groups]
+        except TypeError as exc:
+            raise ctx.fail("optimizer.param_groups", str(exc)) from None
+    return section
+
+
+def _activation_checkpoint(cfg: Any, section: dict[str, Any], ctx: BuildContext) -> dict[str, Any]:
+    from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC, SelectiveAC
+
+    section = dict(section)
+    mode = section.pop("mode", None)
+    if mode is None:
+        return section
+    classes = {"selective": SelectiveAC.Config, "full": FullAC.Config, "memory_budget": MemoryBudgetAC.Config,
+               "none": None}
+    if mode not in classes:
+        raise ctx.fail("activation_checkpoint.mode", f"'{mode}' is not one of {', '.join(AC_MODES)}"
+                                                     f"{did_you_mean(str(mode), AC_MODES)}")
+    cfg.activation_checkpoint = classes[mode]() if classes[mode] else None
+    if cfg.activation_checkpoint is None and section:
+        raise ctx.fail("activation_checkpoint", "mode none takes no other keys")
+    return section
+
+
+def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
+                         provenance: Provenance | None = None, prefix: str = "modules.pre_trainer"):
+    """Return ``(Trainer.Config, LlamaModelSpec, derived settings)``; raises ConfigError."""
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+    from torchtitan.trainer import Trainer
+
+    ctx = BuildContext(provenance, prefix)
+    for key, owner in OWNED_BY_PRIMUS.items():
+        if key in params:
+            raise ctx.fail(key, f"is set by Primus ({owner}); remove it")
+    spec = _model_spec(params, ctx)
+    attn = _attn_backend(params, device, ctx)
+    cfg = Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())
+    cfg.model_spec = build_model_spec(spec, attn)
+    cfg.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=spec.vocab_size))
+    native = {k: v for k, v in params.items() if k not in PRIMUS_KEYS}
+    if isinstance(native.get("optimizer"), dict):
+        native["optimizer"] = _optimizer(cfg, native["optimizer"], ctx)
+    if isinstance(native.get("activation_checkpoint"), dict):
+        native["activation_checkpoint"] = _activation_checkpoint(cfg, native["activation_checkpoint"], ctx)
+        if cfg.activation_checkpoint is None:
+            native.pop("activation_checkpoint")
+    apply_tree(cfg, native, ctx)
+    _derive_run_paths(cfg, run_dir, ctx)
+    if device != "cuda":
+        _derive_cpu_settings(cfg, ctx)
+    return cfg, spec, ctx.derived
+
+
+def _derive_run_paths(cfg: Any, run_dir: Path, ctx: BuildContext) -> None:
+    cfg.dump_folder = str(run_dir)
+    if cfg.checkpoint.folder != "checkpoints":
+        ctx.derived.append(("checkpoint.folder", "checkpoints", "checkpoints live in the run directory"))
+    cfg.checkpoint.folder = "checkpoints"
+    if cfg.metrics.log_freq != 1:
+        ctx.derived.append(("metrics.log_freq", 1, "Primus reports every step"))
+    cfg.metrics.log_freq = 1
+    cfg.metrics.enable_tensorboard = False  # Primus writes its own event files
+    cfg.metrics.disable_color_printing = True
+
+
+def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
+    """Settings that only make sense on GPU are switched off, and said so."""
+    if not cfg.training.disable_cuda_graphs:
+        cfg.training.disable_cuda_graphs = True
+        ctx.derived.append(("training.disable_cuda_graphs", True, "no CUDA on this host"))
+    if cfg.training.mixed_precision_param != "float32":
+        cfg.training.mixed_precision_param = "float32"
+        ctx.derived.append(("training.mixed_precision_param", "float32", "bf16 FSDP mixed precision is GPU-only here"))
+    if cfg.optimizer.implementation in ("fused", "fused_opt_states_bf16"):
+        cfg.optimizer.implementation = "foreach"
+        ctx.derived.append(("optimizer.implementation", "foreach", "fused AdamW kernels are CUDA-only"))
+    if cfg.parallelism.spmd_backend == "spmd_types":
+        cfg.parallelism.spmd_backend = "partial_dtensor"
+        ctx.derived.append(("parallelism.spmd_backend", "partial_dtensor",
+                            "spmd_types fails with >1 rank on torch 2.13 CPU"))

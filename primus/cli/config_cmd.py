@@ -1,0 +1,51 @@
+"""``primus config show|validate EXP [overrides]``: resolve without launching anything."""
+from __future__ import annotations
+
+import argparse
+
+import yaml
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("config", help="show or validate a resolved experiment")
+    actions = parser.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    show = actions.add_parser("show", allow_abbrev=False, help="print the resolved config (secrets redacted)")
+    show.add_argument("exp")
+    show.add_argument("--why", metavar="KEY", help="print the chain of sources that set KEY")
+    show.set_defaults(handler=_show, accepts_overrides=True)
+    validate = actions.add_parser("validate", allow_abbrev=False,
+                                  help="strictly validate, including against the engine's own config")
+    validate.add_argument("exp")
+    validate.add_argument("--no-engine", action="store_true", help="skip the engine-level checks")
+    validate.set_defaults(handler=_validate, accepts_overrides=True)
+
+
+def _resolve(args: argparse.Namespace, overrides: list[str]):
+    from primus.config.resolve import resolve_experiment
+    from primus.runtime.registry import backend_defaults
+
+    return resolve_experiment(args.exp, overrides, backend_defaults)
+
+
+def _show(args: argparse.Namespace, overrides: list[str]) -> int:
+    from primus.config.resolve import format_why
+
+    resolved = _resolve(args, overrides)
+    if args.why:
+        print(format_why(resolved, args.why))
+    else:
+        print(yaml.safe_dump(resolved.redacted_tree(), sort_keys=False), end="")
+    return 0
+
+
+def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
+    from primus.launch.job import validate_module
+
+    resolved = _resolve(args, overrides)
+    for module in resolved.modules.values():
+        if args.no_engine:
+            print(f"OK {args.exp}: modules.{module.name} ({module.framework}, schema only)")
+            continue
+        adapter = validate_module(resolved, module)
+        print(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
+    return 0

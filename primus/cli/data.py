@@ -1,0 +1,35 @@
+"""``primus data ...``: build datasets and tokenizers locally."""
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+# Backend-specific data commands, each exposing register(actions). Optional ones may be absent.
+DATA_COMMANDS = ["primus.backends.megatron.data_cli", "primus.data.diffusion.cli"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("data", help="prepare datasets and tokenizers")
+    actions = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    tiny = actions.add_parser("tiny-corpus", help="write a tiny learnable jsonl corpus and BPE tokenizer")
+    tiny.add_argument("out", type=Path)
+    tiny.add_argument("--docs", type=int, default=2000)
+    tiny.set_defaults(handler=_tiny)
+    for module_name in DATA_COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue
+            raise
+        module.register(actions)
+
+
+def _tiny(args: argparse.Namespace, _overrides: list[str]) -> int:
+    from primus.data.tiny_assets import ensure_tiny_assets
+
+    paths = ensure_tiny_assets(args.out, n_docs=args.docs)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0

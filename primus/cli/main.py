@@ -1,0 +1,59 @@
+"""``primus``: parse, resolve, delegate. No torch or engine import happens here."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from primus import __version__
+from primus.config.errors import ConfigError
+
+# Subcommand modules, each exposing register(subparsers). Optional ones may be absent.
+COMMANDS = [
+    "primus.cli.train",
+    "primus.cli.config_cmd",
+    "primus.prepare.cli",
+    "primus.cli.data",
+    "primus.preflight.cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="primus", allow_abbrev=False,
+        description="One experiment file, one command: train with TorchTitan, Megatron or NeMo AutoModel.",
+    )
+    parser.add_argument("--version", action="version", version=f"primus {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 0 if not argv else 2
+    if extras and not getattr(args, "accepts_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    try:
+        return int(args.handler(args, extras) or 0)
+    except ConfigError as exc:
+        print(f"primus: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("primus: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The neutral description of a Llama-3-family decoder, shared by every LLM backend.
+
+A model preset (``configs/models/common/*.yaml``) holds one ``model:`` block of these keys;
+TorchTitan and Megatron each translate it into their own model config, so switching
+``framework:`` keeps the same network.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class LlamaModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    family: str = Field("llama3", description="informational: llama2, llama3, llama3.1 ...")
+    n_layers: int = Field(gt=0)
+    dim: int = Field(gt=0, description="hidden size")
+    n_heads: int = Field(gt=0)
+    n_kv_heads: int | None = Field(None, gt=0, description="GQA groups; None = MHA")
+    ffn_hidden_size: int | None = Field(None, gt=0, description="explicit SwiGLU width")
+    ffn_dim_multiplier: float | None = None
+    multiple_of: int = 256
+    vocab_size: int = Field(gt=0)
+    rope_theta: float = 500000.0
+    rope_scaling: Literal["llama"] | None = Field(None, description="Llama 3.1 long-context RoPE scaling")
+    norm_eps: float = 1e-5
+    max_seq_len: int = 131072
+    tie_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "LlamaModelSpec":
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_kv_heads and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        """SwiGLU width: explicit, or Llama's 2/3 * 4 * dim rounding rule."""
+        if self.ffn_hidden_size:
+            return self.ffn_hidden_size
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def matmul_params(self) -> int:
+        """Parameters in matrix multiplies: attention + MLP of every layer, plus the output head."""
+        attention = self.dim * self.head_dim * (self.n_heads + 2 * self.kv_heads) + self.n_heads * self.head_dim * self.dim
+        mlp = 3 * self.dim * self.ffn_dim
+        return self.n_layers * (attention + mlp) + self.dim * self.vocab_size
+
+    def total_params(self) -> int:
+        """Exact count: matmuls + embedding (unless tied) + two norms per layer + final norm."""
+        embedding = 0 if self.tie_embeddings else self.vocab_size * self.dim
+        norms = (2 * self.n_layers + 1) * self.dim
+        return self.matmul_params() + embedding + norms

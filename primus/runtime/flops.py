@@ -1,0 +1,55 @@
+"""Model FLOPs and device peaks, so every backend reports TFLOP/s and MFU the same way.
+
+Dense decoder FLOPs per token (training = forward + backward = 3 x forward):
+
+    flops_per_token = 6 * N_matmul + 6 * n_layers * seq_len * dim      (causal)
+
+``N_matmul`` counts the parameters that take part in matrix multiplies (all except
+embeddings and norms; the output head counts). The attention term is the score and
+value matmuls, 2 * 2 * seq * dim per token forward, halved because a causal mask makes
+half of the scores zero: 12 * L * s * d / 2 = 6 * L * s * d. (PaLM's appendix B uses 12 *
+L * s * d, i.e. no causal discount; we state ours and use it for every backend.)
+"""
+from __future__ import annotations
+
+import os
+
+# Dense peak TFLOP/s per device (no sparsity), by dtype. Sources: vendor data sheets.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "h100": {"bf16": 989.0, "fp32": 67.0},
+    "h200": {"bf16": 989.0, "fp32": 67.0},
+    "b200": {"bf16": 2250.0, "fp32": 80.0},
+    "a100": {"bf16": 312.0, "fp32": 19.5},
+    "mi300x": {"bf16": 1307.4, "fp32": 163.4},
+    "mi325x": {"bf16": 1307.4, "fp32": 163.4},
+    "mi355x": {"bf16": 2516.6, "fp32": 157.3},
+}
+
+
+def dense_decoder_flops_per_token(
+    *, n_layers: int, dim: int, seq_len: int, matmul_params: int, causal: bool = True
+) -> float:
+    """Training FLOPs per token of a dense decoder (see module docstring for the formula)."""
+    attention = 12 * n_layers * seq_len * dim
+    return 6 * matmul_params + (attention / 2 if causal else attention)
+
+
+def device_key(device_name: str) -> str | None:
+    """Map a device name (``NVIDIA H100 80GB HBM3``, ``AMD Instinct MI300X``) to a peak key."""
+    lowered = device_name.lower().replace(" ", "")
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if key in lowered:
+            return key
+    return None
+
+
+def peak_tflops(device_name: str, dtype: str = "bf16", override: float | None = None) -> float | None:
+    """Peak TFLOP/s for MFU; ``None`` where unknown (CPU) so MFU reads n/a, not invented."""
+    if override is None and os.environ.get("PRIMUS_PEAK_TFLOPS"):
+        override = float(os.environ["PRIMUS_PEAK_TFLOPS"])
+    if override:
+        return float(override)
+    key = device_key(device_name)
+    if key is None:
+        return None
+    return PEAK_TFLOPS[key].get(dtype)

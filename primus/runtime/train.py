@@ -1,0 +1,64 @@
+"""The training job on one rank: read the resolved config, set up logs, run the adapter.
+
+Workers never re-resolve the experiment: they read ``config.resolved.yaml`` written once by
+the launching process, so ``${VAR}`` cannot resolve differently per rank.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from primus.config.secrets import restore_secrets, secret_values
+from primus.logs.setup import setup_logging
+from primus.runtime.adapter import ModuleConfig
+from primus.runtime.context import RunContext
+from primus.runtime.flops import peak_tflops
+from primus.runtime.metrics import MetricsReporter
+from primus.runtime.registry import get_adapter
+from primus.runtime.rundir import read_resolved_config
+
+
+def _device() -> tuple[str, str]:
+    import torch
+
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return "cuda", torch.cuda.get_device_name(local_rank)
+    return "cpu", "cpu"
+
+
+def train_worker(payload: dict[str, Any]) -> int:
+    run_dir = Path(payload["run_dir"])
+    tree = restore_secrets(read_resolved_config(run_dir))
+    module_name = payload["module"]
+    section = tree["modules"][module_name]
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    logging_spec = tree.get("logging") or {}
+    logger = setup_logging(run_dir / "logs", module_name, rank, world_size,
+                           console_ranks=logging_spec.get("console_ranks", [0]),
+                           console_level=logging_spec.get("level", "INFO"),
+                           secrets=secret_values(os.environ))
+    adapter = get_adapter(section["framework"])
+    device, device_name = _device()
+    params = section["params"]
+    primus_opts = params.get("primus") or {}
+    peak = peak_tflops(device_name, primus_opts.get("peak_dtype", "bf16"), primus_opts.get("peak_tflops"))
+    reporter = MetricsReporter(run_dir, rank=rank, world_size=world_size, device=device, peak_tflops=peak,
+                               enable_tensorboard=primus_opts.get("tensorboard", True))
+    ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
+                     logger=logger, reporter=reporter, resume=bool(payload.get("resume")))
+    module = ModuleConfig(name=module_name, framework=section["framework"], stage=section["stage"], params=params)
+    logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),
+                device_name, rank, world_size, module.stage)
+    try:
+        adapter.run(module, ctx)
+    except BaseException:
+        logger.exception("rank %d failed", rank)
+        raise
+    finally:
+        reporter.close()
+    return 0
