@@ -2,7 +2,7 @@
 """Set up the pinned environment (idempotently) and run the demo or the test suite.
 
     python3 dev.py train     # tiny Llama-3 on CPU through TorchTitan (the default backend)
-    python3 dev.py test      # the whole test suite
+    python3 dev.py test      # the whole test suite (extra arguments go to pytest)
 
 Standard library only: this is the bootstrap that exists before the venv does. The venv
 lives at .venv/; installs are skipped when the pinned requirement files have not changed.
@@ -13,6 +13,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -22,12 +23,14 @@ BIN = VENV / "bin"
 REQ = ROOT / "requirements"
 # Order matters: torch first so nothing later can pull a different (CUDA) build.
 REQUIREMENT_FILES = ["torch-cpu.txt", "core.txt", "torchtitan.txt", "megatron.txt", "test.txt"]
+# Installed through `primus prepare` (a no-deps engine wheel + pinned deps, torch frozen).
+PREPARED_EXTRAS = ["automodel"]
 STAMP = VENV / ".primus-setup"
 
 
 def _fingerprint() -> str:
     digest = hashlib.sha256()
-    for name in [*REQUIREMENT_FILES, "constraints.txt"]:
+    for name in [*REQUIREMENT_FILES, *(f"{extra}.txt" for extra in PREPARED_EXTRAS), "constraints.txt"]:
         digest.update((REQ / name).read_bytes())
     digest.update((ROOT / "pyproject.toml").read_bytes())
     return digest.hexdigest()
@@ -49,6 +52,8 @@ def ensure_venv() -> None:
     requirements = [arg for name in REQUIREMENT_FILES for arg in ("-r", str(REQ / name))]
     _pip("install", "-q", "-c", str(REQ / "constraints.txt"), *requirements)
     _pip("install", "-q", "--no-deps", "--no-build-isolation", "-e", str(ROOT))
+    for extra in PREPARED_EXTRAS:
+        subprocess.run([str(BIN / "python"), "-m", "primus.cli.main", "prepare", extra], check=True)
     STAMP.write_text(fingerprint)
     print("[setup] done", flush=True)
 
@@ -63,6 +68,8 @@ def main(argv: list[str]) -> int:
     if command == "setup":
         return 0
     if command == "train":
+        # a fresh run directory per demo run: runs never overwrite each other
+        env.setdefault("PRIMUS_EXP_NAME", time.strftime("llama3_tiny-pretrain-%Y%m%d-%H%M%S"))
         demo = ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml"
         return subprocess.call([str(BIN / "primus"), "train", str(demo), *rest], env=env, cwd=ROOT)
     return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], env=env, cwd=ROOT)

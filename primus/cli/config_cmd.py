@@ -17,6 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                   help="strictly validate, including against the engine's own config")
     validate.add_argument("exp")
     validate.add_argument("--no-engine", action="store_true", help="skip the engine-level checks")
+    validate.add_argument("--check-paths", action="store_true", help="also require data/tokenizer paths to exist")
     validate.set_defaults(handler=_validate, accepts_overrides=True)
 
 
@@ -46,6 +47,6 @@ def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
         if args.no_engine:
             print(f"OK {args.exp}: modules.{module.name} ({module.framework}, schema only)")
             continue
-        adapter = validate_module(resolved, module)
+        adapter = validate_module(resolved, module, check_paths=args.check_paths)
         print(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
     return 0

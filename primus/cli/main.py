@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 from primus import __version__
@@ -38,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Engines log through the root logger; before a run's log files exist (validation in the
+    # launcher), keep their chatter off the user's terminal. Workers install real handlers.
+    if not logging.getLogger().handlers:
+        logging.getLogger().addHandler(logging.NullHandler())
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if not getattr(args, "handler", None):

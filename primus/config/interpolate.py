@@ -19,6 +19,8 @@ _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 
 
 def _typed(text: str) -> Any:
+    if text == "":
+        return ""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:

@@ -58,7 +58,8 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 def pydantic_error_to_config_error(
     exc: ValidationError, model: type[BaseModel], provenance: Provenance, prefix: str = ""
 ) -> ConfigError:
-    error = exc.errors()[0]
+    # an unknown key usually explains a "missing" one (a typo), so report it first
+    error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     loc = tuple(error["loc"])
     dotted = ".".join(str(p) for p in loc)
     full = f"{prefix}.{dotted}" if prefix else dotted

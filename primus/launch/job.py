@@ -24,18 +24,21 @@ def select_module(resolved: ResolvedExperiment, name: str | None) -> ResolvedMod
     return resolved.modules[name]
 
 
-def validate_module(resolved: ResolvedExperiment, module: ResolvedModule) -> BackendAdapter:
+def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, check_paths: bool = False) -> BackendAdapter:
     """Engine-level validation: the engine must be installed and accept every key."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
     adapter.require_installed()
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
-    adapter.validate(ModuleConfig(module.name, module.framework, stage, module.params), resolved.provenance)
+    config = ModuleConfig(module.name, module.framework, stage, module.params)
+    adapter.validate(config, resolved.provenance)
+    if check_paths:
+        adapter.check_inputs(config, resolved.provenance)
     return adapter
 
 
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: bool, dry_run: bool, argv: list[str]) -> int:
-    adapter = validate_module(resolved, module)
+    adapter = validate_module(resolved, module, check_paths=True)
     run_dir = run_dir_of(resolved.spec)
     plan.with_port()
     payload_path = run_dir / "launch.json"

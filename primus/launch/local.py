@@ -122,11 +122,14 @@ def _torchrun(plan: LaunchPlan, target: str, payload_path: Path) -> LaunchResult
     except ChildFailedError as err:
         host = socket.gethostname()
         lines = []
-        for global_rank, failure in sorted(err.failures.items()):
+        # earliest failure first: later ones are usually peers losing their connection to it
+        ordered = sorted(err.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+        for position, (global_rank, failure) in enumerate(ordered):
             cause = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
             message = failure.message if isinstance(failure.message, str) else (failure.message or {}).get("message", "")
-            first = (message or "").strip().splitlines()
-            lines.append(f"rank {global_rank} (local {failure.local_rank}) on {host}: {cause}"
-                         + (f": {first[-1]}" if first else ""))
+            last = (message or "").strip().splitlines()
+            role = "first failure" if position == 0 else "then"
+            lines.append(f"{role}: rank {global_rank} (local {failure.local_rank}) on {host}: {cause}"
+                         + (f": {last[-1]}" if last else ""))
         return LaunchResult(1, lines)
     return LaunchResult(0, [])

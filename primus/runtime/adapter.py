@@ -82,6 +82,10 @@ class BackendAdapter(ABC):
         file:line that set it) with a did-you-mean where possible. May import the engine.
         """
 
+    def check_inputs(self, module: ModuleConfig, provenance: "Provenance") -> None:
+        """Check that the files the run reads (data, tokenizer, checkpoints to load) exist.
+        Called before launching; ``primus config validate --check-paths`` calls it too."""
+
     @abstractmethod
     def run(self, module: ModuleConfig, ctx: "RunContext") -> None:
         """Build the engine's trainer from ``module`` and train, reporting every step."""

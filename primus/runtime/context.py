@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from primus.runtime.faults import maybe_inject
 from primus.runtime.metrics import MetricsReporter, StepMetrics, StepReport
 
 
@@ -33,7 +34,9 @@ class RunContext:
         return "nccl" if self.device.startswith("cuda") else "gloo"
 
     def report_step(self, report: StepReport) -> StepMetrics:
-        return self.reporter.report(report)
+        metrics = self.reporter.report(report)
+        maybe_inject(self.rank, report.step)
+        return metrics
 
     def log_derived(self, key: str, value: object, reason: str) -> None:
         """Settings the backend chose for the user are said once, never silently."""

@@ -117,24 +117,25 @@ class TorchTitanAdapter(BackendAdapter):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         cfg, _, _ = build_trainer_config(params, run_dir=Path("."), device=device, provenance=provenance,
                                          prefix=prefix)
-        self._check_data(cfg, params, provenance, prefix)
-
-    @staticmethod
-    def _check_data(cfg: Any, params: dict[str, Any], provenance: Provenance, prefix: str) -> None:
         from torchtitan.hf_datasets.text_datasets import DATASETS
 
         from primus.config.errors import did_you_mean
 
-        if _tiny_assets_dir(params) is not None:
-            return  # built by prepare() before the ranks start
         dataset = getattr(cfg.dataloader, "dataset", None)
         if dataset is not None and dataset.lower() not in DATASETS:
             key = f"{prefix}.dataloader.dataset"
             raise ConfigError(f"{provenance.describe(key)}: {key}: unknown dataset '{dataset}'"
                               f"{did_you_mean(dataset, DATASETS)}; known: {', '.join(DATASETS)}")
-        checks = [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
-        if getattr(cfg.dataloader, "dataset_path", None):
-            checks.append(("dataloader.dataset_path", Path(cfg.dataloader.dataset_path)))
+
+    def check_inputs(self, module: ModuleConfig, provenance: Provenance) -> None:
+        params = module.params
+        if _tiny_assets_dir(params) is not None:
+            return  # built by prepare() before the ranks start
+        prefix = f"modules.{module.name}"
+        dataloader = params.get("dataloader") or {}
+        checks = [("hf_assets_path", Path(params.get("hf_assets_path", "./tests/assets/tokenizer")) / "tokenizer.json")]
+        if dataloader.get("dataset_path"):
+            checks.append(("dataloader.dataset_path", Path(dataloader["dataset_path"])))
         for key, path in checks:
             if not path.exists():
                 full = f"{prefix}.{key}"
@@ -172,3 +173,9 @@ class TorchTitanAdapter(BackendAdapter):
             trainer.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+    def plan_inputs(self, module: ModuleConfig):
+        """(LlamaModelSpec, ParallelLayout) for ``primus plan`` / preflight's experiment checks."""
+        from primus.backends.torchtitan.plan import plan_inputs
+
+        return plan_inputs(module.params)

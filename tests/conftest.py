@@ -1,0 +1,43 @@
+"""Shared fixtures: run the real `primus` CLI in a subprocess, in a private workspace."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PRIMUS = [sys.executable, "-m", "primus.cli.main"]
+TINY_EXAMPLE = ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml"
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory) -> Path:
+    """One tiny tokenizer + corpus for the whole session (built on first use by the runs)."""
+    return tmp_path_factory.mktemp("primus-cache")
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Path:
+    return tmp_path / "ws"
+
+
+@pytest.fixture
+def run_primus(workspace, tiny_cache):
+    """Run ``primus ARGS`` with PRIMUS_WORKSPACE/PRIMUS_CACHE pointing at temp dirs."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: int = 300, cwd: Path = ROOT):
+        full_env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache),
+                    "PYTHONUNBUFFERED": "1", **(env or {})}
+        return subprocess.run([*PRIMUS, *map(str, args)], cwd=cwd, env=full_env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    return run
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

@@ -1,0 +1,74 @@
+import json
+
+import pytest
+
+from primus.config.model_spec import LlamaModelSpec
+from primus.runtime.flops import dense_decoder_flops_per_token, device_key, peak_tflops
+from primus.runtime.metrics import MetricsReporter, StepReport, derive, format_train_line
+
+
+def test_rates_are_derived_from_the_step_report():
+    m = derive(StepReport(step=3, loss=2.5, step_time_s=0.5, samples=8, tokens=1024, flops=4e12),
+               world_size=2, device="cpu", peak_tflops=None)
+    assert (m.samples_per_sec, m.samples_per_sec_per_gpu, m.tokens_per_sec) == (16.0, 8.0, 2048.0)
+    assert m.tflops == pytest.approx(4.0)  # 4e12 flops / 0.5 s / 2 ranks
+    assert m.mfu is None  # unknown peak on CPU: n/a, not invented
+    assert m.mem_gb > 0  # peak RSS on CPU
+    line = format_train_line(m)
+    assert line.startswith("[TRAIN] step=3 loss=2.5000 step_time=0.500s samples_per_sec=16.00 "
+                           "samples_per_sec_per_gpu=8.00 tokens_per_sec=2048.0 tflops=4.0000 mfu=n/a mem=")
+    assert line.endswith("GB")
+
+
+def test_mfu_against_a_known_peak():
+    m = derive(StepReport(step=1, loss=1.0, step_time_s=1.0, samples=1, flops=989e12 * 8 / 2),
+               world_size=8, device="cpu", peak_tflops=peak_tflops("NVIDIA H100 80GB HBM3"))
+    assert m.mfu == pytest.approx(0.5)
+
+
+def test_peak_table_and_override(monkeypatch):
+    assert device_key("AMD Instinct MI300X") == "mi300x"
+    assert device_key("AMD Instinct MI355X") == "mi355x"
+    assert peak_tflops("cpu") is None
+    assert peak_tflops("cpu", override=1.5) == 1.5
+    monkeypatch.setenv("PRIMUS_PEAK_TFLOPS", "2.0")
+    assert peak_tflops("cpu") == 2.0
+
+
+def test_flops_formula_by_hand():
+    spec = LlamaModelSpec(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, multiple_of=32, vocab_size=512)
+    # attention: q,o 128x128 each; k,v 128x64 each; mlp 3 x 128x352; head 128x512
+    per_layer = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352
+    assert spec.matmul_params() == 2 * per_layer + 128 * 512
+    assert dense_decoder_flops_per_token(n_layers=2, dim=128, seq_len=64, matmul_params=spec.matmul_params()) == \
+        6 * spec.matmul_params() + 6 * 2 * 64 * 128
+
+
+def test_param_count_matches_torchtitan_exactly():
+    pytest.importorskip("torchtitan")
+    from primus.backends.torchtitan.patches import apply_patches
+
+    apply_patches()
+    import torch
+
+    from primus.backends.torchtitan.model import build_model_spec
+
+    for spec in [LlamaModelSpec(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, multiple_of=32, vocab_size=512),
+                 LlamaModelSpec(n_layers=3, dim=96, n_heads=6, ffn_hidden_size=200, vocab_size=300)]:
+        with torch.device("meta"):
+            model = build_model_spec(spec, "sdpa").model.build()
+        assert sum(p.numel() for p in model.parameters()) == spec.total_params()
+
+
+def test_reporter_writes_jsonl_on_rank0_only(tmp_path):
+    reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None,
+                               enable_tensorboard=False)
+    reporter.report(StepReport(step=1, loss=3.0, step_time_s=0.1, samples=4))
+    reporter.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 1 and rows[0]["loss"] == 3.0 and rows[0]["tokens_per_sec"] is None
+    other = tmp_path / "r1"
+    other.mkdir()
+    MetricsReporter(other, rank=1, world_size=2, device="cpu", peak_tflops=None).report(
+        StepReport(step=1, loss=3.0, step_time_s=0.1, samples=4))
+    assert not (other / "metrics.jsonl").exists()
