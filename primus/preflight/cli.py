@@ -1,0 +1,131 @@
+"""``primus preflight`` (check the cluster on every rank) and ``primus plan`` (estimate, no cluster).
+
+Exit status of both: 0 pass; 1 a ``fail`` finding (preflight) or a layout that is wrong or
+does not fit the device (plan); 2 a user error (bad option, unknown device, bad YAML).
+No torch import here: ``primus --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from typing import Any
+
+from primus.config.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    pre = subparsers.add_parser(
+        "preflight", allow_abbrev=False, help="check hosts, accelerators, network and collectives before a job",
+        description="Run on every rank: environment, host, accelerator, network and connectivity checks, "
+                    "GEMM and collective benchmarks, and (with EXP) the experiment's layout and memory. "
+                    "Writes report.json/.md/.pdf on rank 0. Exit 0 pass, 1 any fail finding, 2 user error.")
+    pre.add_argument("exp", nargs="?", help="experiment YAML (optional): also check its layout and memory")
+    pre.add_argument("--quick", action="store_true", help="small fixed test set, well under a minute")
+    pre.add_argument("--checks", help="comma list: environment,host,accelerators,network,connectivity,experiment")
+    pre.add_argument("--tests", help="comma list: gemm,membw,allreduce,allgather,reducescatter,alltoall,sendrecv")
+    pre.add_argument("--sizes", help="collective message sizes, e.g. 64K,1M,16M")
+    pre.add_argument("--timeout", type=float, default=60.0, help="seconds for every rank to join (default 60)")
+    pre.add_argument("--report-dir", help="where rank 0 writes the report (default output/preflight/<time>)")
+    pre.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
+    pre.add_argument("--module", help="module of EXP to check (default: pre_trainer)")
+    pre.add_argument("--nproc-per-node", type=int, help="processes on this node (env GPUS_PER_NODE, default 1)")
+    pre.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES, default 1)")
+    pre.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK, default 0)")
+    pre.add_argument("--master-addr", help="rendezvous host (env MASTER_ADDR)")
+    pre.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT)")
+    pre.set_defaults(handler=_preflight, accepts_overrides=True)
+
+    plan = subparsers.add_parser(
+        "plan", allow_abbrev=False, help="parameters, FLOPs and per-rank memory of an experiment",
+        description="Estimate an experiment without a cluster: parameters, FLOPs per token and step, memory "
+                    "per rank by component, and whether it fits --device. Exit 0 fits, 1 does not fit or "
+                    "the layout is wrong, 2 user error.")
+    plan.add_argument("exp", help="experiment YAML")
+    plan.add_argument("--device", help="device to fit: " + ", ".join(_device_names()))
+    plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
+    plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
+    plan.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    plan.set_defaults(handler=_plan, accepts_overrides=True)
+
+
+def _device_names() -> list[str]:
+    from primus.preflight.estimate import DEVICE_MEMORY_GIB
+
+    return sorted(DEVICE_MEMORY_GIB)
+
+
+def load_experiment(path: str, overrides: list[str], module_name: str | None):
+    """(LlamaModelSpec, ParallelLayout) of one module of an experiment, through its backend adapter."""
+    from primus.config.resolve import resolve_experiment
+    from primus.launch.job import select_module
+    from primus.runtime.adapter import ModuleConfig
+    from primus.runtime.registry import backend_defaults, get_adapter
+
+    resolved = resolve_experiment(path, overrides, backend_defaults)
+    module = select_module(resolved, module_name)
+    adapter = get_adapter(module.framework)
+    describe = getattr(adapter, "plan_inputs", None)
+    if describe is None:
+        raise ConfigError(f"backend '{module.framework}' cannot describe its model and parallel layout for "
+                          "planning yet (BackendAdapter.plan_inputs)")
+    return describe(ModuleConfig(module.name, module.framework, module.stage, module.params))
+
+
+def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The worker's options dict; validated here so a typo fails before any process starts."""
+    from primus.preflight.options import PreflightOptions
+    from primus.preflight.thresholds import load_thresholds
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    options = {"report_dir": args.report_dir or f"output/preflight/{stamp}", "quick": args.quick,
+               "checks": args.checks, "tests": args.tests, "sizes": args.sizes, "timeout": args.timeout,
+               "thresholds": args.thresholds, "experiment": experiment}
+    validated = PreflightOptions.from_dict(options)
+    load_thresholds(validated.thresholds)
+    return validated.to_dict()
+
+
+def _preflight(args: argparse.Namespace, overrides: list[str]) -> int:
+    if overrides and not args.exp:
+        raise ConfigError(f"overrides {' '.join(overrides)} given without an experiment")
+    experiment = None
+    if args.exp:
+        model, layout = load_experiment(args.exp, overrides, args.module)
+        experiment = {"model": model.model_dump(), "layout": layout.to_dict()}
+    options = build_options(args, experiment)
+    from primus.launch.local import LaunchPlan, launch_workers
+
+    plan = LaunchPlan.from_env(args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    result = launch_workers("primus.preflight.worker:worker_main", options, plan)
+    return result.exit_code
+
+
+def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False) -> tuple[str, int]:
+    """The text (or JSON) ``primus plan`` prints and its exit status."""
+    from primus.preflight.estimate import format_plan, make_plan
+    from primus.preflight.findings import worst
+    from primus.preflight.layout import check_layout
+    from primus.preflight.thresholds import load_thresholds
+
+    thresholds = load_thresholds(thresholds_path)
+    problems = check_layout(model, layout)
+    if worst(problems) == "fail":
+        lines = [f"{p.level}: {p.message}" for p in problems]
+        return ("\n".join(lines) if not as_json else json.dumps({"problems": [p.to_dict() for p in problems]}, indent=2)), 1
+    plan = make_plan(model, layout, device, usable_fraction=thresholds["memory"]["usable_fraction"])
+    code = 1 if plan.fits is False else 0
+    if as_json:
+        return json.dumps({**plan.to_dict(), "problems": [p.to_dict() for p in problems]}, indent=2), code
+    text = format_plan(plan)
+    if problems:
+        text += "\n" + "\n".join(f"{p.level}: {p.message}" for p in problems)
+    return text, code
+
+
+def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
+    model, layout = load_experiment(args.exp, overrides, args.module)
+    text, code = run_plan(model, layout, args.device, args.thresholds, args.json)
+    print(text, file=sys.stdout)
+    return code

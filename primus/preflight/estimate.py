@@ -1,0 +1,234 @@
+"""Parameters, FLOPs and per-rank memory of a Llama model under a ``ParallelLayout``.
+
+Pure functions: no process group, no accelerator. ``primus plan`` prints them; the
+preflight ``experiment`` check compares them with the memory each rank really has.
+
+Parameters per rank (the heaviest pipeline stage)
+    Every matrix is split by TP (attention, MLP, embedding, output head); norms are
+    replicated. A stage holds ``n_layers / pp`` layers; the first stage also holds the
+    embedding, the last the output head and the final norm (a tied head is a second copy
+    when pp > 1, as in Megatron). With tp = pp = 1 this is exactly
+    ``LlamaModelSpec.total_params()``.
+
+Memory per rank, bytes (``N`` = parameters per rank, ``D`` = dp x cp, B(x) = bytes of dtype x)
+    weights    = N * B(param_dtype)                         / D  if sharding == fsdp
+    grads      = N * B(grad_dtype)                          / D  if sharding == fsdp
+    optimizer  = N * (4 [fp32 master, when param_dtype is not fp32 and master_weights]
+                      + 2 * B(optimizer_dtype) [Adam m and v]) / D  if sharding in (optimizer, fsdp)
+    e.g. mixed-precision Adam: 2 + 4 + (4 + 2*4) = 18 bytes per parameter, unsharded.
+
+    activations, per layer per micro-batch (Korthikanti et al. 2022, "Reducing Activation
+    Recomputation in Large Transformer Models"; s = seq_len / cp, b = micro_batch_size,
+    h = dim, a = n_heads, t = tp, sequence parallelism assumed, 16-bit activations):
+        no recompute:    s * b * h * (34 + 5 * a * s / h) / t
+        full recompute:  2 * s * b * h / t          (only each layer's input is kept)
+    With ``flash_attention`` (the default; TorchTitan and Megatron both use fused attention)
+    the ``5*a*s/h`` term, the stored softmax scores, is dropped: they are recomputed.
+    The 34 was derived for GPT (4h MLP, MHA, dropout); for Llama it is an approximation.
+    Times layers per stage, times micro-batches in flight on the first stage under 1F1B
+    (``min(pp, num_microbatches)``), plus the fp32 logits ``4 * s * b * vocab / t``.
+    Summing first-stage activations and last-stage logits is an upper bound when pp > 1.
+
+    Not counted: the CUDA/HIP context and allocator fragmentation (hence the
+    ``memory.usable_fraction`` threshold), FSDP's transiently gathered layer, and
+    communication buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from primus.config.errors import ConfigError, did_you_mean
+from primus.config.model_spec import LlamaModelSpec
+from primus.preflight.layout import DTYPE_BYTES, ParallelLayout
+from primus.runtime.flops import PEAK_TFLOPS, dense_decoder_flops_per_token, device_key
+
+GIB = 1024**3
+
+# Device memory per accelerator, GiB as the runtime reports it (vendor data sheets).
+DEVICE_MEMORY_GIB: dict[str, float] = {
+    "a100": 80.0,
+    "h100": 80.0,
+    "h200": 141.0,
+    "b200": 180.0,
+    "mi300x": 192.0,
+    "mi325x": 256.0,
+    "mi355x": 288.0,
+}
+
+
+def device_memory_bytes(device: str) -> int:
+    """Memory of a named device (``mi355x``, ``h100``, or a full name such as ``NVIDIA H100 80GB HBM3``)."""
+    key = device.lower() if device.lower() in DEVICE_MEMORY_GIB else device_key(device)
+    if key not in DEVICE_MEMORY_GIB:
+        raise ConfigError(f"unknown device '{device}'{did_you_mean(device.lower(), DEVICE_MEMORY_GIB)}; "
+                          f"known: {', '.join(sorted(DEVICE_MEMORY_GIB))}")
+    return int(DEVICE_MEMORY_GIB[key] * GIB)
+
+
+def _split(count: int, parts: int) -> int:
+    return -(-count // parts)
+
+
+@dataclass
+class ParamEstimate:
+    total: int
+    matmul: int
+    per_rank: int  # heaviest pipeline stage, after the TP split, before any DP sharding
+    per_stage: list[int]
+
+
+def estimate_params(model: LlamaModelSpec, layout: ParallelLayout) -> ParamEstimate:
+    t, p = layout.tp, layout.pp
+    attention = model.dim * model.head_dim * (model.n_heads + 2 * model.kv_heads) + model.n_heads * model.head_dim * model.dim
+    mlp = 3 * model.dim * model.ffn_dim
+    per_layer = _split(attention, t) + _split(mlp, t) + 2 * model.dim
+    embedding = _split(model.vocab_size * model.dim, t)
+    head = _split(model.dim * model.vocab_size, t)
+    layers_per_stage = _split(model.n_layers, p)
+    stages = []
+    for stage in range(p):
+        params = layers_per_stage * per_layer
+        if stage == 0:
+            params += embedding
+        if stage == p - 1:
+            params += model.dim + (0 if model.tie_embeddings and p == 1 else head)
+        stages.append(params)
+    return ParamEstimate(model.total_params(), model.matmul_params(), max(stages), stages)
+
+
+@dataclass
+class MemoryEstimate:
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    activations_per_layer: int
+    layers_per_stage: int
+    microbatches_in_flight: int
+    logits: int
+    flash_attention: bool
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations + self.logits
+
+    def components(self) -> dict[str, int]:
+        return {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
+                "activations": self.activations, "logits": self.logits, "total": self.total}
+
+
+def activation_bytes_per_layer(model: LlamaModelSpec, layout: ParallelLayout, flash_attention: bool = True) -> int:
+    """Korthikanti et al.: see the module docstring."""
+    s = layout.seq_len // layout.cp
+    b, h, a, t = layout.micro_batch_size, model.dim, model.n_heads, layout.tp
+    if layout.recompute:
+        return 2 * s * b * h // t
+    scores = 0 if flash_attention else 5 * a * s * s * b
+    return (34 * s * b * h + scores) // t
+
+
+def estimate_memory(model: LlamaModelSpec, layout: ParallelLayout, *, flash_attention: bool = True) -> MemoryEstimate:
+    n = estimate_params(model, layout).per_rank
+    shards = layout.dp * layout.cp
+    fsdp = layout.sharding == "fsdp"
+    weights = n * DTYPE_BYTES[layout.param_dtype]
+    grads = n * DTYPE_BYTES[layout.grad_dtype]
+    master = 4 if layout.master_weights and layout.param_dtype != "fp32" else 0
+    optimizer = n * (master + 2 * DTYPE_BYTES[layout.optimizer_dtype])
+    if fsdp:
+        weights, grads = _split(weights, shards), _split(grads, shards)
+    if layout.sharding in ("optimizer", "fsdp"):
+        optimizer = _split(optimizer, shards)
+    per_layer = activation_bytes_per_layer(model, layout, flash_attention)
+    layers = _split(model.n_layers, layout.pp)
+    in_flight = min(layout.pp, layout.num_microbatches)
+    s = layout.seq_len // layout.cp
+    logits = 4 * s * layout.micro_batch_size * model.vocab_size // layout.tp
+    return MemoryEstimate(weights, grads, optimizer, per_layer * layers * in_flight, per_layer, layers,
+                          in_flight, logits, flash_attention)
+
+
+@dataclass
+class FlopsEstimate:
+    per_token: float
+    tokens_per_step: int
+    per_step: float
+    per_rank_per_step: float
+
+
+def estimate_flops(model: LlamaModelSpec, layout: ParallelLayout) -> FlopsEstimate:
+    """Training FLOPs with ``primus.runtime.flops`` (the formula every backend reports MFU with)."""
+    per_token = dense_decoder_flops_per_token(n_layers=model.n_layers, dim=model.dim, seq_len=layout.seq_len,
+                                              matmul_params=model.matmul_params())
+    tokens = layout.effective_global_batch_size * layout.seq_len
+    return FlopsEstimate(per_token, tokens, per_token * tokens, per_token * tokens / layout.world_size)
+
+
+@dataclass
+class Plan:
+    params: ParamEstimate
+    memory: MemoryEstimate
+    flops: FlopsEstimate
+    layout: dict[str, Any]
+    device: str | None = None
+    device_memory: int | None = None
+    usable_fraction: float = 0.9
+    ideal_step_seconds: float | None = None  # at 100% of the device's bf16 peak
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        if self.device_memory is None:
+            return None
+        return self.memory.total <= self.device_memory * self.usable_fraction
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": asdict(self.params), "memory": {**self.memory.components(),
+                "activations_per_layer": self.memory.activations_per_layer,
+                "layers_per_stage": self.memory.layers_per_stage,
+                "microbatches_in_flight": self.memory.microbatches_in_flight,
+                "flash_attention": self.memory.flash_attention},
+                "flops": asdict(self.flops), "layout": self.layout, "device": self.device,
+                "device_memory": self.device_memory, "usable_fraction": self.usable_fraction,
+                "fits": self.fits, "ideal_step_seconds": self.ideal_step_seconds}
+
+
+def make_plan(model: LlamaModelSpec, layout: ParallelLayout, device: str | None = None, *,
+              device_memory: int | None = None, usable_fraction: float = 0.9, flash_attention: bool = True) -> Plan:
+    """Everything ``primus plan`` prints. ``device_memory`` (bytes) wins over the table."""
+    if device and device_memory is None:
+        device_memory = device_memory_bytes(device)
+    flops = estimate_flops(model, layout)
+    ideal = None
+    key = device_key(device) if device else None
+    if key and PEAK_TFLOPS[key].get("bf16"):
+        ideal = flops.per_rank_per_step / (PEAK_TFLOPS[key]["bf16"] * 1e12)
+    return Plan(estimate_params(model, layout), estimate_memory(model, layout, flash_attention=flash_attention),
+                flops, layout.to_dict(), device, device_memory, usable_fraction, ideal)
+
+
+def format_plan(plan: Plan) -> str:
+    """The human table ``primus plan`` prints."""
+    m = plan.memory
+    lines = [
+        f"parameters        {plan.params.total:,} total, {plan.params.per_rank:,} per rank (heaviest stage)",
+        f"FLOPs per token   {plan.flops.per_token:.4g} (training, causal)",
+        f"FLOPs per step    {plan.flops.per_step:.4g} ({plan.flops.tokens_per_step:,} tokens), "
+        f"{plan.flops.per_rank_per_step:.4g} per rank",
+        "memory per rank (GiB):",
+    ]
+    for name, value in m.components().items():
+        lines.append(f"  {name:<14}{value / GIB:10.2f}")
+    lines.append(f"  activations: {m.layers_per_stage} layers x {m.microbatches_in_flight} micro-batch(es) in flight x "
+                 f"{m.activations_per_layer / 2**20:.1f} MiB/layer "
+                 f"({'full recompute' if plan.layout['recompute'] else 'no recompute'}"
+                 f"{', flash attention' if m.flash_attention else ''})")
+    if plan.device_memory is not None:
+        budget = plan.device_memory * plan.usable_fraction
+        verdict = "fits" if plan.fits else "does NOT fit"
+        lines.append(f"device {plan.device}: {plan.device_memory / GIB:.0f} GiB, usable {budget / GIB:.1f} GiB "
+                     f"({plan.usable_fraction:.0%}): {verdict} ({m.total / budget:.0%} of usable)")
+    if plan.ideal_step_seconds is not None:
+        lines.append(f"ideal step time at bf16 peak: {plan.ideal_step_seconds * 1e3:.1f} ms")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""How a job is split over ranks, and the checks that a split fits the model and the world.
+
+``ParallelLayout`` is backend-neutral: an adapter translates its engine's parallelism
+settings into one (the lead's ``resolve_experiment`` path), and tests build it directly.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from primus.config.errors import ConfigError, did_you_mean
+from primus.config.model_spec import LlamaModelSpec
+from primus.preflight.findings import Finding, fail, warn
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+SHARDING = ("none", "optimizer", "fsdp")  # replicated, distributed optimizer (ZeRO-1), FSDP (ZeRO-3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelLayout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None  # None: micro_batch_size * dp (one micro-batch per step)
+    seq_len: int = 2048
+    recompute: bool = False  # full activation recomputation
+    sharding: str = "none"
+    param_dtype: str = "bf16"
+    grad_dtype: str = "fp32"
+    optimizer_dtype: str = "fp32"  # Adam's two moments
+    master_weights: bool = True  # an fp32 master copy when param_dtype is lower precision
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "cp", "micro_batch_size", "seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"layout {name} must be a positive integer, got {value!r}")
+        gbs = self.global_batch_size
+        if gbs is not None and (isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1):
+            raise ConfigError(f"layout global_batch_size must be a positive integer, got {gbs!r}")
+        if self.sharding not in SHARDING:
+            raise ConfigError(f"layout sharding must be one of {', '.join(SHARDING)}, got {self.sharding!r}"
+                              f"{did_you_mean(self.sharding, SHARDING)}")
+        for name in ("param_dtype", "grad_dtype", "optimizer_dtype"):
+            value = getattr(self, name)
+            if value not in DTYPE_BYTES:
+                raise ConfigError(f"layout {name} must be one of {', '.join(DTYPE_BYTES)}, got {value!r}"
+                                  f"{did_you_mean(str(value), DTYPE_BYTES)}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ParallelLayout":
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"unknown layout key '{key}'{did_you_mean(key, known)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        return self.global_batch_size or self.micro_batch_size * self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step on each data-parallel rank (gradient accumulation steps)."""
+        return max(1, self.effective_global_batch_size // (self.micro_batch_size * self.dp))
+
+
+def check_layout(model: LlamaModelSpec, layout: ParallelLayout, world_size: int | None = None) -> list[Finding]:
+    """Every way the layout does not fit the model or the world, one line each.
+
+    ``world_size`` None skips the world check (``primus plan`` without a launch).
+    """
+    t, p = layout.tp, layout.pp
+    found: list[Finding] = []
+
+    def bad(message: str, **details: Any) -> None:
+        found.append(fail("experiment", message, **details))
+
+    if world_size is not None and layout.world_size != world_size:
+        bad(f"tp x pp x dp x cp = {t} x {p} x {layout.dp} x {layout.cp} = {layout.world_size} "
+            f"does not equal the world size {world_size}", layout_world=layout.world_size, world_size=world_size)
+    if model.n_heads % t:
+        bad(f"n_heads ({model.n_heads}) is not divisible by tp ({t})")
+    if model.n_kv_heads and model.n_kv_heads != model.n_heads and model.kv_heads % t:
+        bad(f"n_kv_heads ({model.kv_heads}) is not divisible by tp ({t}): each TP rank needs whole KV heads")
+    if model.ffn_dim % t:
+        bad(f"ffn width ({model.ffn_dim}) is not divisible by tp ({t})")
+    if model.n_layers % p:
+        bad(f"n_layers ({model.n_layers}) is not divisible by pp ({p})")
+    gbs, mbs, dp = layout.effective_global_batch_size, layout.micro_batch_size, layout.dp
+    if gbs % (mbs * dp):
+        bad(f"global_batch_size ({gbs}) is not divisible by micro_batch_size x dp ({mbs} x {dp} = {mbs * dp})")
+    if layout.seq_len % layout.cp:
+        bad(f"seq_len ({layout.seq_len}) is not divisible by cp ({layout.cp})")
+    if layout.seq_len > model.max_seq_len:
+        found.append(warn("experiment", f"seq_len ({layout.seq_len}) exceeds the model's max_seq_len ({model.max_seq_len})"))
+    if p > 1 and not gbs % (mbs * dp) and layout.num_microbatches < p:
+        found.append(warn("experiment", f"only {layout.num_microbatches} micro-batches for {p} pipeline stages: "
+                          "most of each step is pipeline bubble", num_microbatches=layout.num_microbatches))
+    return found
