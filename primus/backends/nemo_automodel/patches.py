@@ -1,0 +1,69 @@
+"""Engine-compatibility fixes for NeMo AutoModel: each one named, scoped, and tested.
+
+AutoModel runs unmodified on CPU (measured: gloo, FSDP2, 2 ranks); what is fixed here is only
+its logging: keeping Primus's handlers and rank output intact around ``setup()`` and keeping
+one ``[TRAIN]`` line per step. Both are scoped context managers, nothing is patched globally.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+APPLIES_TO = ("0.7.0",)
+
+
+def _is_rank_filter(f: object) -> bool:
+    return type(f).__name__ == "RankFilter" and type(f).__module__.startswith("nemo_automodel")
+
+
+@contextmanager
+def keep_primus_logging() -> Iterator[None]:
+    """Undo what ``nemo_automodel.components.loggers.log_utils.setup_logging`` does to global logging.
+
+    Why: ``TrainDiffusionRecipe.setup()`` (0.7.0) calls ``setup_logging()``, which replaces the
+    formatter of every root handler (Primus's console/file format), sets the root level, and adds
+    a ``RankFilter`` to every logger that, on the first record seen on a rank > 0, calls
+    ``logging.disable(CRITICAL)``: all logging of that process, Primus's errors included, goes
+    silent for good. Primus owns logging and rank filtering, so the state is restored on exit.
+    """
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    formatters = {h: h.formatter for h in handlers}
+    level, disabled = root.level, logging.root.manager.disable
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in formatters:
+                root.removeHandler(handler)
+        for handler, formatter in formatters.items():
+            handler.setFormatter(formatter)
+        root.setLevel(level)
+        loggers = [root, *(lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
+        for filterer in [*loggers, *handlers]:
+            for f in [f for f in filterer.filters if _is_rank_filter(f)]:
+                filterer.removeFilter(f)
+        logging.disable(disabled)
+
+
+class _DropEngineTrainLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and str(record.msg).startswith("[TRAIN]"))
+
+
+@contextmanager
+def one_train_line() -> Iterator[None]:
+    """Drop AutoModel's own ``[TRAIN] step=...`` log record while the training loop runs.
+
+    Why: ``run_train_validation_loop`` (0.7.0) logs a ``[TRAIN]`` line on the root logger with a
+    0-based step; Primus prints the canonical ``[TRAIN]`` line (1-based, same fields for every
+    backend) from the StepReport, and two differently numbered lines per step mislead readers
+    and log parsers. AutoModel's other messages pass through.
+    """
+    root, drop = logging.getLogger(), _DropEngineTrainLine()
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)

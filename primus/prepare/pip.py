@@ -1,0 +1,120 @@
+"""Install a backend's pinned stack without ever replacing the torch that is already there.
+
+A GPU image ships its own ROCm or CUDA torch (and torchvision / torchaudio / triton built
+against it). A plain ``pip install`` of an engine can resolve a different torch from PyPI and
+silently swap the whole GPU stack. So every install runs with a pip constraint file that pins
+those distributions to the versions installed right now.
+
+Requirement files are ``requirements/<extra>.txt``. A line ending in ``# primus: no-deps`` is
+installed in a second pip call with ``--no-deps`` (for wheels whose declared dependencies are
+wrong for us, e.g. nemo-automodel drags a CUDA torch); the others' dependencies are pinned in
+the same file. Standard library only: ``dev.py`` may use it before the venv exists.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
+EXTRAS = {"torchtitan": "torchtitan.txt", "megatron": "megatron.txt", "automodel": "automodel.txt"}
+FROZEN = ("torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm")
+NO_DEPS_MARK = "# primus: no-deps"
+_PIN = re.compile(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;#]+)")
+
+
+@dataclass
+class Plan:
+    extra: str
+    requirements: list[str]  # installed with their dependencies
+    no_deps: list[str]  # installed with --no-deps
+    frozen: list[str]  # the constraint file's lines: what is installed now
+
+    @property
+    def pins(self) -> dict[str, str]:
+        return dict(m.groups() for line in self.requirements + self.no_deps if (m := _PIN.match(line)))
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def frozen_pins(names: tuple[str, ...] = FROZEN) -> list[str]:
+    """``name==version`` for each of ``names`` that is installed (local labels like +rocm6.3 kept)."""
+    return [f"{name}=={v}" for name in names if (v := installed_version(name))]
+
+
+def plan(extra: str, requirements_dir: Path = REQUIREMENTS) -> Plan:
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra '{extra}'; known: {', '.join(EXTRAS)}")
+    lines = (requirements_dir / EXTRAS[extra]).read_text().splitlines()
+    with_deps, no_deps = [], []
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        (no_deps if raw.rstrip().endswith(NO_DEPS_MARK) else with_deps).append(line)
+    return Plan(extra, with_deps, no_deps, frozen_pins())
+
+
+def missing(p: Plan) -> dict[str, str]:
+    """Pinned distributions not installed at their pinned version (empty: nothing to do)."""
+    out = {}
+    for name, version in p.pins.items():
+        have = installed_version(name)
+        if have is None or have.split("+")[0] != version.split("+")[0]:
+            out[_normalize(name)] = f"{have or 'absent'} -> {version}"
+    return out
+
+
+def pip_commands(p: Plan, constraint_file: Path, python: str = sys.executable) -> list[list[str]]:
+    base = [python, "-m", "pip", "install", "--disable-pip-version-check", "-c", str(constraint_file)]
+    commands = []
+    if p.requirements:
+        commands.append([*base, *p.requirements])
+    if p.no_deps:
+        commands.append([*base, "--no-deps", *p.no_deps])
+    return commands
+
+
+def prepare(extra: str, *, dry_run: bool = False, force: bool = False, out=print) -> int:
+    """Install ``extra``'s pinned stack under a constraint freezing the installed torch family."""
+    p = plan(extra)
+    todo = missing(p)
+    if not todo and not force:
+        out(f"primus prepare {extra}: already installed at the pinned versions, nothing to do")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="primus-prepare-") as tmp:
+        constraint = Path(tmp) / "constraints.txt"
+        constraint.write_text("".join(f"{line}\n" for line in p.frozen))
+        commands = pip_commands(p, constraint)
+        if dry_run:
+            out(f"# to install: {', '.join(f'{k} ({v})' for k, v in sorted(todo.items())) or 'nothing (forced)'}")
+            out(f"# constraint file {constraint} (keeps the installed torch family):")
+            for line in p.frozen or ["(no torch installed: nothing to freeze)"]:
+                out(f"#   {line}")
+            for command in commands:
+                out(" ".join(command))
+            return 0
+        for command in commands:
+            out("+ " + " ".join(command))
+            rc = subprocess.call(command)
+            if rc:
+                return rc
+    changed = [line for line in p.frozen if line not in frozen_pins()]
+    if changed:  # cannot happen under the constraint; a loud check costs nothing
+        out(f"primus prepare {extra}: WARNING the torch family changed: {changed}")
+        return 1
+    out(f"primus prepare {extra}: done")
+    return 0

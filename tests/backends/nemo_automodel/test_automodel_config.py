@@ -1,0 +1,98 @@
+"""The handoff to AutoModel: Primus keys never leak, unknown AutoModel keys are errors."""
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from automodel_harness import load_example
+from primus.backends.nemo_automodel import schema
+from primus.backends.nemo_automodel.adapter import AutoModelAdapter
+from primus.backends.nemo_automodel.config import PRIMUS_KEYS, build_handoff
+from primus.config.errors import ConfigError
+from primus.runtime.adapter import ModuleConfig
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "nemo_automodel").glob("*.yaml"))
+
+
+def _handoff(params, stage="pretrain", **kw):
+    return build_handoff(params, stage=stage, checkpoint_dir=Path("/run/checkpoints"), resume=kw.get("resume", False),
+                         dist_backend="gloo", log=lambda m: None, log_derived=lambda k, v, r: None)
+
+
+def _walk_keys(node, prefix=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield f"{prefix}{key}", key
+            yield from _walk_keys(value, f"{prefix}{key}.")
+
+
+def test_no_primus_key_reaches_automodel(tiny_params):
+    _, params = tiny_params()
+    polluted = {**params, **{key: "x" for key in PRIMUS_KEYS}, "tiny_assets": params["tiny_assets"]}
+    cfg = _handoff(polluted).automodel
+    assert not PRIMUS_KEYS & set(cfg), "a Primus key leaked into AutoModel's config"
+    assert set(cfg) <= schema.TOP_LEVEL
+    assert not PRIMUS_KEYS & schema.TOP_LEVEL  # our names can never shadow an AutoModel section
+    schema.check(cfg)
+
+
+def test_primus_owns_mode_checkpoint_dir_and_resume(tiny_params):
+    _, params = tiny_params(checkpoint={"checkpoint_dir": "/elsewhere"})
+    cfg = _handoff(params, resume=True).automodel
+    assert cfg["model"]["mode"] == "pretrain"
+    assert cfg["checkpoint"]["checkpoint_dir"] == "/run/checkpoints"
+    assert cfg["checkpoint"]["restore_from"] == "LATEST"
+    assert cfg["dist_env"]["backend"] == "gloo"
+    finetune = _handoff(params, stage="finetune").automodel
+    assert finetune["model"]["mode"] == "finetune" and "pipeline_spec" not in finetune["model"]
+    with pytest.raises(ConfigError, match="contradicts stage"):
+        _handoff({**params, "model": {**params["model"], "mode": "finetune"}})
+
+
+def test_pretrain_reads_boundary_ratio_from_the_pipeline(tiny_params):
+    _, params = tiny_params(model={"stage": "low_noise"})
+    del params["model"]["boundary_ratio"], params["model"]["pipeline_spec"]
+    model = _handoff(params).automodel["model"]
+    assert model["boundary_ratio"] == 0.875 and model["pipeline_spec"]["subfolder"] == "transformer_2"
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"flow_matchng": {}}, "'flow_matchng' (did you mean 'flow_matching'?)"),
+    ({"flow_matching": {"flow_shfit": 5.0}}, "'flow_matching.flow_shfit' (did you mean 'flow_shift'?)"),
+    ({"fsdp": {"activation_checkpointng": True}}, "did you mean 'activation_checkpointing'?"),
+    ({"optimizer": {"weight_decya": 0.1}}, "'optimizer.weight_decya' (did you mean 'weight_decay'?)"),
+    ({"step_scheduler": {"max_step": 3}}, "did you mean 'max_steps'?"),
+    ({"data": {"dataloader": {"num_worker": 1}}}, "'data.dataloader.num_worker' (did you mean 'num_workers'?)"),
+    ({"model": {"attention_backnd": "flash"}}, "did you mean 'attention_backend'?"),
+    ({"checkpoint": {"save_consolidate": True}}, "did you mean 'save_consolidated'?"),
+])
+def test_unknown_automodel_keys_are_errors(tiny_params, override, message):
+    _, params = tiny_params(**override)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        AutoModelAdapter().validate(ModuleConfig("pre_trainer", "nemo_automodel", "pretrain", params))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_validates(example):
+    stage, params = load_example(example)
+    AutoModelAdapter().validate(ModuleConfig("pre_trainer", "nemo_automodel", stage, params))
+
+
+def test_schema_matches_the_recipe_source():
+    """Every key the 0.7.0 recipe reads is known here: a newer AutoModel that reads more fails this."""
+    from nemo_automodel.recipes.diffusion import train
+
+    source = inspect.getsource(train)
+    model_keys = set(re.findall(r'cfg\.get\(\s*"model\.(\w+)"', source))
+    fm_keys = set(re.findall(r'fm_cfg\.get\(\s*"(\w+)"', source))
+    assert model_keys <= schema.MODEL, model_keys - schema.MODEL
+    assert fm_keys <= schema.FLOW_MATCHING, fm_keys - schema.FLOW_MATCHING
+
+
+def test_missing_engine_names_the_extra(monkeypatch):
+    monkeypatch.setattr(AutoModelAdapter, "installed_version", lambda self: None)
+    with pytest.raises(ConfigError, match=r"primus prepare automodel"):
+        AutoModelAdapter().validate(ModuleConfig("pre_trainer", "nemo_automodel", "pretrain", {}))

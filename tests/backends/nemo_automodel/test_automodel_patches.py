@@ -1,0 +1,64 @@
+"""keep_primus_logging: AutoModel's setup_logging must not take over Primus's logging."""
+from __future__ import annotations
+
+import logging
+
+from primus.backends.nemo_automodel.patches import keep_primus_logging
+
+
+def _setup_logging_on_rank_1(monkeypatch):
+    from nemo_automodel.components.loggers.log_utils import setup_logging
+
+    monkeypatch.setenv("RANK", "1")
+    setup_logging()
+    logging.getLogger("primus.probe").warning("first record on rank 1")  # RankFilter fires here
+
+
+def test_upstream_setup_logging_silences_rank_1(monkeypatch):
+    """The upstream behaviour the patch exists for (fails once AutoModel stops doing it)."""
+    handler = logging.StreamHandler()
+    formatter = logging.Formatter("PRIMUS %(message)s")
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        _setup_logging_on_rank_1(monkeypatch)
+        assert logging.root.manager.disable == logging.CRITICAL
+        assert handler.formatter is not formatter
+    finally:
+        root.removeHandler(handler)
+        logging.disable(logging.NOTSET)
+        for lg in [root, *logging.root.manager.loggerDict.values()]:
+            for f in list(getattr(lg, "filters", [])):
+                if type(f).__name__ == "RankFilter":
+                    lg.removeFilter(f)
+
+
+def test_keep_primus_logging_restores_state(monkeypatch, caplog):
+    handler = logging.StreamHandler()
+    formatter = logging.Formatter("PRIMUS %(message)s")
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with keep_primus_logging():
+            _setup_logging_on_rank_1(monkeypatch)
+        assert logging.root.manager.disable == logging.NOTSET
+        assert handler.formatter is formatter
+        with caplog.at_level(logging.INFO):
+            logging.getLogger("primus.after").info("still heard on rank 1")
+        assert "still heard on rank 1" in caplog.text
+    finally:
+        root.removeHandler(handler)
+        logging.disable(logging.NOTSET)
+
+
+def test_one_train_line_drops_only_the_engine_train_record(caplog):
+    from primus.backends.nemo_automodel.patches import one_train_line
+
+    with caplog.at_level(logging.INFO), one_train_line():
+        logging.info("[TRAIN] step=0 epoch=0 loss=1.0")  # AutoModel's, on the root logger
+        logging.info("[INFO] Epoch 1 complete")
+        logging.getLogger("primus.metrics").info("[TRAIN] step=1 loss=1.0")
+    assert "step=0" not in caplog.text
+    assert "Epoch 1 complete" in caplog.text and "[TRAIN] step=1" in caplog.text
