@@ -1,4 +1,4 @@
-"""``primus train EXP [overrides] [--nproc-per-node N] [--dry-run] [--resume]``."""
+"""``primus train EXP [overrides] [--nproc-per-node N] [--dry-run] [--resume | --no-resume]``."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +17,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK, default 0)")
     parser.add_argument("--master-addr", help="rendezvous host (env MASTER_ADDR)")
     parser.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT; free port if unset)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in an existing run directory")
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", dest="resume", action="store_const", const="always", default="auto",
+                        help="continue the existing run even if it completed (default: resume an interrupted "
+                             "run automatically, refuse a completed one)")
+    resume.add_argument("--no-resume", dest="resume", action="store_const", const="never",
+                        help="refuse to touch an existing run directory")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="restart failed workers up to K times (torchelastic); they resume from the latest checkpoint")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved summary and process command")
     parser.set_defaults(handler=_train, accepts_overrides=True)
 
@@ -30,6 +37,7 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
 
     resolved = resolve_experiment(args.exp, overrides, backend_defaults)
     module = select_module(resolved, args.module)
-    plan = LaunchPlan.from_env(args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    plan = LaunchPlan.from_env(args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port,
+                               max_restarts=args.max_restarts)
     return run_training_job(resolved, module, plan, resume=args.resume, dry_run=args.dry_run,
                             argv=["primus", *sys.argv[1:]])

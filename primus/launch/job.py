@@ -10,8 +10,9 @@ from primus.config.resolve import ResolvedExperiment, ResolvedModule
 from primus.launch.local import LaunchPlan, launch_workers
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.registry import get_adapter
-from primus.runtime.rundir import (claim_run_dir, finish_manifest, run_dir_of, start_manifest,
-                                   write_resolved_config)
+from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER
+from primus.runtime.rundir import (RunDirLock, decide_resume, finish_manifest, make_run_dir, run_dir_of,
+                                   start_manifest, write_resolved_config)
 
 TRAIN_TARGET = "primus.runtime.train:train_worker"
 
@@ -37,7 +38,7 @@ def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, che
 
 
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
-                     resume: bool, dry_run: bool, argv: list[str]) -> int:
+                     resume: str, dry_run: bool, argv: list[str]) -> int:
     adapter = validate_module(resolved, module, check_paths=True)
     run_dir = run_dir_of(resolved.spec)
     plan.with_port()
@@ -49,25 +50,33 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
         print(f"processes:  {plan.world_size} ({plan.nnodes} node(s) x {plan.nproc_per_node})")
         print(f"command:    {plan.describe(TRAIN_TARGET, payload_path)}")
         return 0
-    resuming = claim_run_dir(run_dir, resume=resume)
-    adapter.prepare(ModuleConfig(module.name, module.framework, module.stage, module.params),
-                    lambda message: print(f"[primus] {message}", flush=True))
-    config_hash = write_resolved_config(run_dir, resolved.redacted_tree())
-    payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming}))
-    manifest = start_manifest(run_dir, engine=module.framework, engine_version=adapter.installed_version(),
-                              world_size=plan.world_size, config_hash=config_hash, argv=argv)
-    print(f"[primus] {'resuming' if resuming else 'starting'} {resolved.spec.exp_name} -> {run_dir}", flush=True)
-    exit_code, failures = 1, ["launcher interrupted"]
-    try:
-        result = launch_workers(TRAIN_TARGET, payload_path, plan)
-        exit_code, failures = result.exit_code, result.failures
-    finally:
-        finish_manifest(run_dir, manifest, exit_code)
-        if plan.node_rank == 0:
-            _plot(run_dir)
+    make_run_dir(run_dir)
+    with RunDirLock(run_dir):
+        resuming = decide_resume(run_dir, resume)
+        config = ModuleConfig(module.name, module.framework, module.stage, module.params)
+        adapter.prepare(config, lambda message: print(f"[primus] {message}", flush=True))
+        config_hash = write_resolved_config(run_dir, resolved.redacted_tree())
+        payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming}))
+        (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
+        manifest = start_manifest(run_dir, engine=module.framework, engine_version=adapter.installed_version(),
+                                  world_size=plan.world_size, config_hash=config_hash, argv=argv)
+        print(f"[primus] {'resuming' if resuming else 'starting'} {resolved.spec.exp_name} -> {run_dir}", flush=True)
+        exit_code, failures = 1, ["launcher interrupted"]
+        try:
+            result = launch_workers(TRAIN_TARGET, payload_path, plan)
+            exit_code, failures = result.exit_code, result.failures
+            if exit_code != 0 and (run_dir / PREEMPTED_MARKER).exists():
+                exit_code, failures = PREEMPTED_EXIT, []
+        finally:
+            finish_manifest(run_dir, manifest, exit_code)
+            if plan.node_rank == 0:
+                _plot(run_dir)
     for line in failures:
         print(f"[primus] FAILED {line} (see {run_dir / 'logs' / module.name}/rank-*/error.log)", file=sys.stderr)
-    print(f"[primus] {'done' if exit_code == 0 else 'failed'}: {run_dir}", flush=True)
+    if exit_code == PREEMPTED_EXIT:
+        print(f"[primus] preempted: checkpoint saved; run the same command again to resume ({run_dir})", flush=True)
+    else:
+        print(f"[primus] {'done' if exit_code == 0 else 'failed'}: {run_dir}", flush=True)
     return exit_code
 
 

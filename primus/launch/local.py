@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import sys
 import tempfile
@@ -113,12 +114,17 @@ def launch_workers(target: str, payload: dict[str, Any] | Path, plan: LaunchPlan
 
 
 def _torchrun(plan: LaunchPlan, target: str, payload_path: Path) -> LaunchResult:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(plan.torchrun_args(target, payload_path))
     try:
         run(args)
+    except SignalException as stop:
+        # torchelastic forwarded the signal to the workers and waited for them to exit
+        name = signal.Signals(stop.sigval).name
+        return LaunchResult(128 + int(stop.sigval), [f"launcher got {name}; workers on {socket.gethostname()} were stopped"])
     except ChildFailedError as err:
         host = socket.gethostname()
         lines = []

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from primus.runtime.faults import maybe_inject
+from primus.runtime.preemption import StopSignal
 from primus.runtime.metrics import MetricsReporter, StepMetrics, StepReport
 
 
@@ -20,6 +21,7 @@ class RunContext:
     logger: logging.Logger
     reporter: MetricsReporter
     resume: bool = False  # continue from the latest checkpoint under checkpoint_dir
+    stop: StopSignal = field(default_factory=StopSignal)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -37,6 +39,10 @@ class RunContext:
         metrics = self.reporter.report(report)
         maybe_inject(self.rank, report.step)
         return metrics
+
+    def should_stop(self) -> bool:
+        """Call at each step boundary: True (on all ranks) once SIGTERM asked for a graceful stop."""
+        return self.stop.agreed(self.world_size)
 
     def log_derived(self, key: str, value: object, reason: str) -> None:
         """Settings the backend chose for the user are said once, never silently."""

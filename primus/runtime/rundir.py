@@ -1,11 +1,16 @@
 """The run directory ``{workspace}/{work_group}/{user_name}/{exp_name}/`` and its manifest.
 
-Policy: a run directory belongs to one run. Launching an experiment whose directory already
-holds a run is refused (exit 2) unless ``--resume`` is given, which continues that run from
-its latest checkpoint and records a new attempt in the manifest. Nothing is overwritten.
+Policy (``--resume``, default ``auto``): a run directory belongs to one run.
+- ``auto``: a new directory starts a run; an interrupted one (failed, preempted, killed)
+  is resumed from its latest checkpoint; a completed one is refused (exit 2).
+- ``always`` (bare ``--resume``): continue it even if it completed (e.g. with more steps).
+- ``never``: refuse any existing run.
+Every launch is recorded as an attempt in the manifest, and a lock file stops two launches
+of the same experiment from writing into one directory at once. Nothing is overwritten.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -35,17 +40,11 @@ def _now() -> str:
     return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
-def claim_run_dir(run_dir: Path, *, resume: bool) -> bool:
-    """Create (or, with ``resume``, reuse) the run directory; returns True when resuming."""
-    manifest = run_dir / MANIFEST
-    if manifest.exists():
-        if not resume:
-            previous = read_manifest(run_dir)
-            raise ConfigError(
-                f"{run_dir}: already holds a run (started {previous.get('start_time', '?')}, "
-                f"status {previous.get('status', '?')}); pass --resume to continue it or set another exp_name"
-            )
-        return True
+RESUME_MODES = ("auto", "always", "never")
+LOCK = ".primus.lock"
+
+
+def make_run_dir(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-test"
@@ -53,7 +52,49 @@ def claim_run_dir(run_dir: Path, *, resume: bool) -> bool:
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"workspace: cannot write run directory {run_dir} ({exc.strerror})") from None
-    return False
+
+
+class RunDirLock:
+    """An exclusive, non-blocking flock on the run directory for the life of the launch."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / LOCK
+        self.handle = None
+
+    def __enter__(self) -> "RunDirLock":
+        self.handle = self.path.open("a+")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.seek(0)
+            holder = self.handle.read().strip() or "another process"
+            self.handle.close()
+            raise ConfigError(f"{self.path.parent}: another launch is running this experiment ({holder}); "
+                              "wait for it or choose another exp_name") from None
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {_now()}")
+        self.handle.flush()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
+
+
+def decide_resume(run_dir: Path, mode: str) -> bool:
+    """Apply the resume policy to an (already locked) run directory; True when resuming."""
+    if mode not in RESUME_MODES:
+        raise ConfigError(f"--resume {mode}: expected one of {', '.join(RESUME_MODES)}")
+    previous = read_manifest(run_dir)
+    if not previous:
+        return False
+    status, started = previous.get("status", "?"), previous.get("start_time", "?")
+    if mode == "never" or (mode == "auto" and status == "completed"):
+        hint = "pass --resume to continue it" if status == "completed" else "drop --resume never to resume it"
+        raise ConfigError(f"{run_dir}: already holds a {status} run (started {started}); {hint}, "
+                          "or set another exp_name")
+    return True
 
 
 def write_resolved_config(run_dir: Path, tree: dict[str, Any]) -> str:
@@ -112,8 +153,20 @@ def start_manifest(run_dir: Path, *, engine: str, engine_version: str | None, wo
     return manifest
 
 
+def record_restart(run_dir: Path, restart: int) -> None:
+    """Called by rank 0 of a worker group that torchelastic restarted."""
+    manifest = read_manifest(run_dir)
+    if manifest.get("attempts"):
+        manifest["attempts"][-1].setdefault("restarts", []).append({"restart": restart, "time": _now()})
+        write_manifest(run_dir, manifest)
+
+
+EXIT_STATUS = {0: "completed", 75: "preempted"}  # 75: primus.runtime.preemption.PREEMPTED_EXIT
+
+
 def finish_manifest(run_dir: Path, manifest: dict[str, Any], exit_code: int, status: str | None = None) -> None:
-    status = status or ("completed" if exit_code == 0 else "failed")
+    manifest = read_manifest(run_dir) or manifest  # workers may have recorded restarts meanwhile
+    status = status or EXIT_STATUS.get(exit_code, "failed")
     end = _now()
     manifest.update({"end_time": end, "exit_code": exit_code, "status": status})
     manifest["attempts"][-1].update({"end_time": end, "exit_code": exit_code, "status": status})

@@ -5,6 +5,7 @@ the launching process, so ``${VAR}`` cannot resolve differently per rank.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from primus.runtime.context import RunContext
 from primus.runtime.flops import peak_tflops
 from primus.runtime.metrics import MetricsReporter
 from primus.runtime.registry import get_adapter
-from primus.runtime.rundir import read_resolved_config
+from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER, Preempted, StopSignal
+from primus.runtime.rundir import read_resolved_config, record_restart
 
 
 def _device() -> tuple[str, str]:
@@ -49,13 +51,23 @@ def train_worker(payload: dict[str, Any]) -> int:
     peak = peak_tflops(device_name, primus_opts.get("peak_dtype", "bf16"), primus_opts.get("peak_tflops"))
     reporter = MetricsReporter(run_dir, rank=rank, world_size=world_size, device=device, peak_tflops=peak,
                                enable_tensorboard=primus_opts.get("tensorboard", True))
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    resume = bool(payload.get("resume")) or restarts > 0  # a restarted worker continues from its checkpoint
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
-                     logger=logger, reporter=reporter, resume=bool(payload.get("resume")))
+                     logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install())
+    if restarts and rank == 0:
+        record_restart(run_dir, restarts)
+        logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint", restarts)
     module = ModuleConfig(name=module_name, framework=section["framework"], stage=section["stage"], params=params)
     logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),
                 device_name, rank, world_size, module.stage)
     try:
         adapter.run(module, ctx)
+    except Preempted as stop:
+        logger.warning("rank %d %s", rank, stop)
+        if rank == 0:
+            (run_dir / PREEMPTED_MARKER).write_text(json.dumps({"step": stop.step, "checkpointed": stop.checkpointed}))
+        return PREEMPTED_EXIT
     except BaseException:
         logger.exception("rank %d failed", rank)
         raise

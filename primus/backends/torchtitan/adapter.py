@@ -12,6 +12,7 @@ from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.context import RunContext
 from primus.runtime.flops import dense_decoder_flops_per_token
 from primus.runtime.metrics import StepReport
+from primus.runtime.preemption import Preempted
 
 
 def _tiny_assets_dir(params: dict[str, Any]) -> Path | None:
@@ -82,7 +83,25 @@ class _StepReporter:
                 lr=self.pending["lr"], grad_norm=float(self.pending["grad_norm"]),
             ))
             self.pending = {}
+        if self.ctx.should_stop():
+            self._checkpoint_and_stop()
         return result
+
+    def _checkpoint_and_stop(self) -> None:
+        """SIGTERM: save the full training state at this step (whatever the interval), then stop."""
+        checkpointer, step = self.trainer.checkpointer, self.trainer.step
+        saved = False
+        if checkpointer.enable:
+            interval, checkpointer.interval = checkpointer.interval, 1
+            try:
+                checkpointer.save(step)
+                checkpointer.maybe_wait_for_saving()
+                saved = True
+            finally:
+                checkpointer.interval = interval
+        else:
+            self.ctx.logger.warning("SIGTERM with checkpoint.enable=false: stopping without a checkpoint")
+        raise Preempted(step, saved)
 
 
 class TorchTitanAdapter(BackendAdapter):

@@ -49,7 +49,7 @@ def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, worksp
     assert (run_dir / "checkpoints" / "step-20").is_dir()
 
     again = run_primus("train", TINY_EXAMPLE, "exp_name=one")
-    assert again.returncode == 2 and "already holds a run" in again.stderr  # nothing overwritten
+    assert again.returncode == 2 and "already holds a completed run" in again.stderr  # nothing overwritten
     assert len(_metrics(run_dir)) == 20
 
 

@@ -1,0 +1,54 @@
+"""Graceful stop on SIGTERM (what Slurm and Kubernetes send before killing a job).
+
+The signal only sets a flag; the backend checks it at a step boundary, writes a checkpoint
+and raises ``Preempted``. The job then exits with ``PREEMPTED_EXIT`` (75, EX_TEMPFAIL: "try
+again"), and the next ``primus train`` of the experiment resumes from that checkpoint.
+All ranks agree on stopping through one tiny all-reduce per step, so no rank is left
+waiting in a collective that its peers will never enter.
+"""
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+PREEMPTED_EXIT = 75
+PREEMPTED_MARKER = "preempted.json"
+
+
+class Preempted(Exception):
+    def __init__(self, step: int, checkpointed: bool):
+        super().__init__(f"stopped at step {step} on SIGTERM ({'checkpoint saved' if checkpointed else 'no checkpoint'})")
+        self.step, self.checkpointed = step, checkpointed
+
+
+class StopSignal:
+    """Remembers that SIGTERM (or SIGUSR1, Slurm's --signal) arrived."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    def install(self) -> "StopSignal":
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def agreed(self, world_size: int) -> bool:
+        """True on every rank as soon as any rank got the signal."""
+        if world_size <= 1:
+            return self.requested
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return self.requested
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([1 if self.requested else 0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
