@@ -1,0 +1,106 @@
+"""The Megatron backend: megatron-core's GPTModel, DDP, optimizer, schedules and dist_checkpointing,
+configured with Megatron-LM argument names."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from primus.config.errors import ConfigError
+from primus.runtime.adapter import BackendAdapter, ModuleConfig
+
+if TYPE_CHECKING:
+    from primus.config.provenance import Provenance
+    from primus.runtime.context import RunContext
+
+TINY_PREFIX = "megatron/tiny_text_document"  # under primus.tiny_assets
+
+
+def _tiny_assets_dir(params: dict[str, Any]) -> Path | None:
+    value = (params.get("primus") or {}).get("tiny_assets")
+    return Path(value).expanduser().absolute() if value else None
+
+
+def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] | None = None) -> dict[str, Any]:
+    """The Megatron arguments in ``params``: the ``primus:`` block is Primus' own.
+
+    ``primus.tiny_assets: DIR`` points the tokenizer and data at the locally built tiny corpus
+    (``prepare`` builds it, tokenized into ``DIR/megatron/tiny_text_document.bin/.idx``).
+    """
+    params = dict(params)
+    extra = params.pop("primus", None) or {}
+    # the block itself is checked against primus.config.schema.PrimusOptions before launch
+    root = _tiny_assets_dir({"primus": extra})
+    if root is not None:
+        params.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / "tokenizer"),
+                      data_path=[str(root / TINY_PREFIX)], mock_data=False)
+        if derived is not None:
+            derived.append(("tokenizer_model", params["tokenizer_model"], "primus.tiny_assets"))
+            derived.append(("data_path", params["data_path"], "primus.tiny_assets"))
+    return params
+
+
+class MegatronAdapter(BackendAdapter):
+    name = "megatron"
+    distribution = "megatron-core"
+    extra = "megatron"
+    stages = ("pretrain",)
+    stage_aliases = {"train": "pretrain"}
+
+    def defaults(self, stage: str) -> dict[str, Any]:
+        from primus.backends.megatron.arguments import default_args
+
+        return default_args()
+
+    def prepare(self, module: ModuleConfig, log: Callable[[str], None]) -> None:
+        root = _tiny_assets_dir(module.params)
+        if root is None or (root / f"{TINY_PREFIX}.idx").exists():
+            return
+        from primus.data.indexed import build_indexed_dataset
+        from primus.data.tiny_assets import ensure_tiny_assets
+
+        log(f"building the tiny tokenizer, corpus and Megatron .bin/.idx in {root} (primus.tiny_assets)")
+        assets = ensure_tiny_assets(root)
+        build_indexed_dataset(assets["corpus_file"], assets["tokenizer"], root / TINY_PREFIX)
+
+    def validate(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
+        from primus.backends.megatron.arguments import parse_args
+
+        parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
+
+    def check_inputs(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
+        if _tiny_assets_dir(module.params) is not None:
+            return  # built by prepare() before the ranks start
+        params, prefix = module.params, f"modules.{module.name}"
+        checks = []
+        if params.get("tokenizer_model"):
+            checks.append(("tokenizer_model", Path(params["tokenizer_model"])))
+        if not params.get("mock_data"):
+            from primus.backends.megatron.data import blend_prefixes
+
+            checks += [("data_path", Path(f"{p}.idx")) for p in blend_prefixes(params.get("data_path") or [])]
+        if params.get("load"):
+            checks.append(("load", Path(params["load"])))
+        for key, path in checks:
+            if not path.exists():
+                full = f"{prefix}.{key}"
+                where = f"{provenance.describe(full)}: " if provenance is not None else ""
+                raise ConfigError(f"{where}{full}: {path} does not exist")
+
+    def run(self, module: ModuleConfig, ctx: "RunContext") -> None:
+        from primus.backends.megatron.arguments import parse_args
+
+        self.require_installed()
+        derived: list[tuple[str, Any, str]] = []
+        args = parse_args(megatron_params(module.params, derived), module=module.name)
+        for key, value, reason in derived:
+            ctx.log_derived(key, value, reason)
+        if not ctx.device.startswith("cuda"):
+            from primus.backends.megatron.cpu_patches import apply_cpu_patches
+
+            applied = apply_cpu_patches()
+            if applied:
+                ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
+        from primus.backends.megatron.trainer import train
+
+        train(args, ctx)

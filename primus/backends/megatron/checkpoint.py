@@ -1,0 +1,205 @@
+"""Checkpoints through megatron-core ``dist_checkpointing`` in Megatron-LM's layout.
+
+``<dir>/iter_0000010/`` holds one torch_dist checkpoint of the model chunks, the optimizer,
+the LR scheduler, the data position (``consumed_samples``) and every rank's RNG streams;
+``<dir>/latest_checkpointed_iteration.txt`` names the newest. The state dict is assembled as
+Megatron-LM's ``generate_state_dict`` does, so the layout is resharding-friendly (TP/PP/DP).
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def iteration_dir(root: Path, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def latest_iteration(root: Path | None) -> int | None:
+    if root is None:
+        return None
+    tracker = Path(root) / TRACKER
+    if not tracker.exists():
+        return None
+    text = tracker.read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def _rng_state():
+    """This rank's RNG streams as a ShardedObject over (PP, TP), replicated across DP (Megatron-LM)."""
+    import numpy
+    import torch
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    state = {
+        "random_rng_state": random.getstate(),
+        "np_rng_state": numpy.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available():
+        state["cuda_rng_state"] = torch.cuda.get_rng_state()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    return ShardedObject("rng_state", [state], (pp_size, tp_size), (pp_rank, tp_rank),
+                         replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True))
+
+
+def _restore_rng(sharded) -> None:
+    import numpy
+    import torch
+    from megatron.core import tensor_parallel
+
+    state = sharded[0] if isinstance(sharded, list) else sharded
+    random.setstate(state["random_rng_state"])
+    numpy.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if "cuda_rng_state" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+
+
+def _metadata(use_distributed_optimizer: bool) -> dict:
+    metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    if use_distributed_optimizer:
+        metadata["distrib_optim_sharding_type"] = "dp_reshardable"
+    return metadata
+
+
+def _materialize_adam_state(optimizer) -> None:
+    """Give a never-stepped torch Adam inside Megatron's DistributedOptimizer its (zero) state.
+
+    Why: without Transformer Engine / Apex (always on CPU), megatron-core 0.16
+    ``DistributedOptimizer.sharded_state_dict(is_loading=True)`` calls ``self.state_dict()``,
+    which asserts that every torch-Adam state has one common ``step``; a fresh optimizer has
+    no state at all, so resuming with ``use_distributed_optimizer`` fails before loading. The
+    zeros placed here are overwritten by the checkpoint; parameters are not touched.
+    """
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not isinstance(inner, DistributedOptimizer) or not isinstance(inner.optimizer, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        for group in inner.optimizer.param_groups:
+            for param in group["params"]:
+                if not inner.optimizer.state[param]:
+                    inner.optimizer.state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
+                                                    "exp_avg_sq": torch.zeros_like(param)}
+
+
+def _restore_adam_steps(optimizer, loaded: dict) -> None:
+    """Set each parameter's Adam ``step`` from the checkpoint, as its own tensor.
+
+    Why: without Transformer Engine / Apex, megatron-core 0.16
+    ``DistributedOptimizer.load_state_dict`` (a) assigns ONE shared ``step`` tensor to every
+    parameter (torch Adam's in-place ``step += 1`` then counts once per parameter), and (b)
+    then overwrites it with the placeholder ``step`` of the loading state dict (0 here, see
+    ``_materialize_adam_state``). Either breaks Adam's bias correction after a resume. The
+    true step is the one the checkpoint records in ``param_groups``.
+    """
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    inners = getattr(optimizer, "chained_optimizers", [optimizer])
+    states = loaded if len(inners) > 1 else [loaded]
+    if isinstance(states, dict):
+        states = [v for _, v in sorted(states.items())]
+    for inner, state in zip(inners, states):
+        if not isinstance(inner, DistributedOptimizer):
+            continue
+        steps = {g.get("step") for g in state["optimizer"]["param_groups"]} - {None}
+        if len(steps) != 1:
+            continue
+        step = float(steps.pop())
+        for param_state in inner.optimizer.state.values():
+            if "step" in param_state:
+                param_state["step"] = torch.tensor(step)
+
+
+def _state_dict(chunks, optimizer, scheduler, *, iteration: int, consumed_samples: int,
+                use_distributed_optimizer: bool, is_loading: bool, with_optimizer: bool, with_rng: bool) -> dict:
+    metadata = _metadata(use_distributed_optimizer)
+    state = {"checkpoint_version": 3.0, "iteration": iteration, "consumed_samples": consumed_samples}
+    for i, chunk in enumerate(chunks):
+        key = "model" if len(chunks) == 1 else f"model{i}"
+        state[key] = chunk.module.sharded_state_dict(prefix="", metadata=metadata)
+    if with_optimizer:
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=metadata)
+        state["opt_param_scheduler"] = scheduler.state_dict()
+    if with_rng:
+        state["rng_state"] = _rng_state()
+    return state
+
+
+def save_checkpoint(root: Path, chunks, optimizer, scheduler, *, iteration: int, consumed_samples: int,
+                    use_distributed_optimizer: bool, save_optimizer: bool = True) -> Path:
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    target = iteration_dir(root, iteration)
+    if dist.get_rank() == 0:
+        target.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=consumed_samples,
+                        use_distributed_optimizer=use_distributed_optimizer, is_loading=False,
+                        with_optimizer=save_optimizer, with_rng=True)
+    dist_checkpointing.save(state, str(target))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        tmp = Path(root) / (TRACKER + ".tmp")
+        tmp.write_text(str(iteration))
+        tmp.replace(Path(root) / TRACKER)
+    dist.barrier()
+    return target
+
+
+def load_checkpoint(root: Path, chunks, optimizer, scheduler, **options) -> tuple[int, int]:
+    """Restore the latest checkpoint under ``root``; returns (iteration, consumed_samples).
+
+    Runs under ``no_grad``: with fp32 parameters the distributed optimizer's main parameters
+    are views of the model's leaf parameters, and megatron-core's
+    ``load_parameter_state_from_dp_reshardable`` copies into them in place (autograd refuses).
+    """
+    import torch
+
+    with torch.no_grad():
+        return _load_checkpoint(root, chunks, optimizer, scheduler, **options)
+
+
+def _load_checkpoint(root: Path, chunks, optimizer, scheduler, *, use_distributed_optimizer: bool,
+                    finetune: bool, no_load_optim: bool, no_load_rng: bool) -> tuple[int, int]:
+    """Restore the latest checkpoint under ``root``; returns (iteration, consumed_samples).
+
+    ``finetune`` loads only the weights and restarts at iteration 0 (Megatron-LM semantics).
+    """
+    from megatron.core import dist_checkpointing
+
+    iteration = latest_iteration(root)
+    if iteration is None:
+        raise FileNotFoundError(f"no {TRACKER} under {root}")
+    source = iteration_dir(root, iteration)
+    with_optimizer = not (finetune or no_load_optim)
+    with_rng = not (finetune or no_load_rng)
+    if with_optimizer:
+        _materialize_adam_state(optimizer)
+    state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=0,
+                        use_distributed_optimizer=use_distributed_optimizer, is_loading=True,
+                        with_optimizer=with_optimizer, with_rng=with_rng)
+    loaded = dist_checkpointing.load(state, str(source))
+    for i, chunk in enumerate(chunks):
+        chunk.module.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"], strict=True)
+    if with_optimizer:
+        optimizer.load_state_dict(loaded["optimizer"])
+        _restore_adam_steps(optimizer, loaded["optimizer"])
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    if with_rng:
+        _restore_rng(loaded["rng_state"])
+    if finetune:
+        return 0, 0
+    return int(loaded["iteration"]), int(loaded["consumed_samples"])

@@ -1,0 +1,167 @@
+"""CPU compatibility patches for megatron-core, applied only when CUDA is absent.
+
+megatron-core is written for GPUs: it passes ``device=torch.cuda.current_device()`` about 250
+times, keeps its RNG streams in CUDA generators, builds optimizer/DDP scalars with
+``device='cuda'`` and checks parameter types by their CUDA names. None of that is a bug on a GPU;
+on a CPU-only torch (gloo, tests, laptops) each is a hard failure. Every patch below is one named
+function with the upstream reason, gated on the megatron-core versions it was verified against.
+``apply_cpu_patches()`` applies them once (idempotent) and says which ones it applied.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+logger = logging.getLogger("primus.megatron.cpu_patches")
+
+# Verified against megatron-core 0.16.1; the hard-coded CUDA sites are the same across 0.16.x.
+SUPPORTED_MEGATRON_CORE = SpecifierSet(">=0.16.0,<0.17")
+
+_applied: list[str] = []
+
+
+def megatron_core_version() -> Version:
+    return Version(importlib.metadata.version("megatron-core"))
+
+
+def patch_current_device() -> None:
+    """``torch.cuda.current_device()`` -> ``"cpu"``.
+
+    Why: megatron-core allocates with ``device=torch.cuda.current_device()`` everywhere (RoPE
+    ``inv_freq``, the global memory buffer, TP/PP communication buffers). On a CPU-only torch
+    that call raises "Torch not compiled with CUDA enabled". torch accepts the string ``"cpu"``
+    wherever a device is accepted, so returning it turns every such site into a CPU allocation.
+    ``torch.cuda.synchronize`` becomes a no-op for the same reason (timers, schedules).
+    """
+    import torch
+
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+
+
+def patch_rng_tracker() -> None:
+    """``CudaRNGStatesTracker.add/fork`` keep their streams in CPU generators.
+
+    Why: ``tensor_parallel.model_parallel_cuda_manual_seed`` registers the data-parallel and
+    tensor-parallel RNG streams with ``torch.cuda.get_rng_state()``, and every TP layer's
+    initialisation runs inside ``get_cuda_rng_tracker().fork()``, which swaps CUDA generator
+    states. Without CUDA both raise. On CPU the same streams live in the CPU default generator,
+    swapped in and out exactly as the CUDA ones are, so TP ranks still draw different weights.
+    """
+    import torch
+    from megatron.core.tensor_parallel import random as mrandom
+
+    def add(self, name, seed):
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        self.seeds_.add(seed)
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+        if name not in self.states_:
+            raise Exception(f"rng state {name} is not added")
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+    mrandom.CudaRNGStatesTracker.add = add
+    mrandom.CudaRNGStatesTracker.fork = fork
+
+
+# What the shared TorchFunctionMode rewrites; each flag is switched on by its own patch.
+_MODE_RULES = {"cuda_device": False, "cuda_type_names": False}
+_mode = None
+
+
+def _install_cpu_mode() -> None:
+    """Push one ``TorchFunctionMode`` that applies the enabled ``_MODE_RULES`` (once per process)."""
+    global _mode
+    if _mode is not None:
+        return
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    def is_cuda(device) -> bool:
+        return device is not None and str(device).startswith("cuda")
+
+    class CudaOnCpuMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if _MODE_RULES["cuda_device"]:
+                if func is torch.Tensor.cuda:
+                    return args[0]
+                if is_cuda(kwargs.get("device")):
+                    kwargs = {**kwargs, "device": "cpu"}
+                if func is torch.Tensor.to:
+                    args = tuple("cpu" if isinstance(a, (str, torch.device)) and is_cuda(a) else a for a in args)
+            if _MODE_RULES["cuda_type_names"] and func is torch.Tensor.type and len(args) == 1 and not kwargs:
+                name = func(*args)
+                return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
+            return func(*args, **kwargs)
+
+    _mode = CudaOnCpuMode()
+    _mode.__enter__()  # stays on the mode stack for the life of the process (main thread)
+
+
+def patch_cuda_device_arguments() -> None:
+    """Map ``device='cuda'`` to CPU and make ``Tensor.cuda()`` a no-op (via a TorchFunctionMode).
+
+    Why: Megatron's optimizer, grad scaler, gradient clipping, DDP buffers and the pipeline
+    schedules create small tensors with a literal ``device='cuda'`` (``clip_grads.py``,
+    ``optimizer.py`` ``_scale_one``/``found_inf``, ``schedules.py`` ``total_num_tokens``) or call
+    ``.cuda()`` on optimizer state when loading a checkpoint. These do not go through
+    ``current_device()``; intercepting them at the torch-function level fixes every site
+    without copying upstream code.
+    """
+    _MODE_RULES["cuda_device"] = True
+    _install_cpu_mode()
+
+
+def patch_param_type_checks() -> None:
+    """CPU tensors report CUDA type names to Megatron's ``x.type() == 'torch.cuda.*'`` checks.
+
+    Why: ``clip_grads.clip_grad_by_total_norm_fp32`` asserts
+    ``param.grad.type() == 'torch.cuda.FloatTensor'`` (so any ``clip_grad > 0`` fails on CPU),
+    and ``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` sort parameters by the
+    same CUDA type names (bf16 and ``use_distributed_optimizer`` raise ``TypeError`` on CPU).
+    Only the argument-less ``Tensor.type()`` query is rewritten; conversions are untouched.
+    """
+    _MODE_RULES["cuda_type_names"] = True
+    _install_cpu_mode()
+
+
+CPU_PATCHES = (patch_current_device, patch_rng_tracker, patch_cuda_device_arguments, patch_param_type_checks)
+
+
+def apply_cpu_patches(force: bool = False) -> list[str]:
+    """Apply every CPU patch once when CUDA is unavailable; return the names applied.
+
+    ``force`` applies them even if CUDA is present (tests only). Outside the verified
+    megatron-core range nothing is applied and a warning says why.
+    """
+    import torch
+
+    if torch.cuda.is_available() and not force:
+        return []
+    version = megatron_core_version()
+    if version not in SUPPORTED_MEGATRON_CORE:
+        logger.warning("megatron-core %s is outside the CPU-patch range %s: no CPU patches applied",
+                       version, SUPPORTED_MEGATRON_CORE)
+        return []
+    for patch in CPU_PATCHES:
+        if patch.__name__ not in _applied:
+            patch()
+            _applied.append(patch.__name__)
+    return list(_applied)

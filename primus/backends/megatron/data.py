@@ -1,0 +1,123 @@
+"""Data for the Megatron backend: megatron-core's GPTDataset / MockGPTDataset built by
+BlendedMegatronDatasetBuilder, read in Megatron-LM's pretraining-sampler order.
+
+The order is a pure function of ``consumed_samples``, so resuming from a checkpoint at
+iteration k continues with exactly the batches an uninterrupted run would have seen.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from primus.backends.megatron.arguments import MegatronArgs
+from primus.config.errors import ConfigError
+
+
+class HFTokenizer:
+    """The slice of Megatron's tokenizer interface GPTDataset uses, over a HF ``tokenizer.json``."""
+
+    def __init__(self, path: str):
+        from tokenizers import Tokenizer
+
+        directory = Path(path) if Path(path).is_dir() else Path(path).parent
+        file = directory / "tokenizer.json" if Path(path).is_dir() else Path(path)
+        if not file.exists():
+            raise ConfigError(f"tokenizer_model: no tokenizer.json at {file}")
+        self._tokenizer = Tokenizer.from_file(str(file))
+        self.vocab_size = self._tokenizer.get_vocab_size()
+        eos = None
+        config = directory / "tokenizer_config.json"
+        if config.exists():
+            eos = json.loads(config.read_text()).get("eos_token")
+            eos = eos.get("content") if isinstance(eos, dict) else eos
+        eod = self._tokenizer.token_to_id(eos) if eos else None
+        self.eod = eod if eod is not None else self.vocab_size - 1
+        # GPTDataset hashes this into its index-cache file names (as MegatronLegacyTokenizer does).
+        self.unique_identifiers = {"class": type(self).__name__, "tokenizer_path": [str(file)]}
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+
+class NullTokenizer:
+    """Megatron-LM's NullTokenizer: no text, only a vocabulary size (mock data); EOD is the last id."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.eod = vocab_size - 1
+        self.unique_identifiers = {"class": type(self).__name__, "vocab_size": vocab_size}
+
+
+def build_tokenizer(args: MegatronArgs):
+    if args.tokenizer_type == "HuggingFaceTokenizer":
+        return HFTokenizer(args.tokenizer_model)
+    if args.vocab_size is None:
+        raise ConfigError("vocab_size: required with tokenizer_type: NullTokenizer / mock_data (or give a model: preset)")
+    return NullTokenizer(args.vocab_size)
+
+
+def blend(data_path: list[str]) -> tuple[list[str], list[float] | None]:
+    """Megatron-LM's ``--data-path`` form: ``[prefix ...]`` or ``[weight prefix weight prefix ...]``."""
+    try:
+        weights = [float(x) for x in data_path[0::2]]
+    except ValueError:
+        return list(data_path), None
+    if len(data_path) % 2:
+        raise ConfigError(f"data_path: weights and prefixes must alternate (got {data_path})")
+    return list(data_path[1::2]), weights
+
+
+def blend_prefixes(data_path: list[str]) -> list[str]:
+    return blend(data_path)[0] if data_path else []
+
+
+def build_datasets(args: MegatronArgs, tokenizer, global_batch_size: int, dp_size: int):
+    """(train, valid, test) datasets with enough samples for ``train_iters`` and evaluation."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+    data_blend = None
+    if not args.mock_data:
+        data_blend = blend(args.data_path)
+        for prefix in data_blend[0]:
+            if not Path(prefix + ".bin").exists() or not Path(prefix + ".idx").exists():
+                raise ConfigError(f"data_path: {prefix}.bin/.idx not found (build them with `primus data build-indexed`)")
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=data_blend,
+        split=args.split if data_blend else None,
+        path_to_cache=args.data_cache_path,
+        tokenizer=tokenizer,
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=True,
+        data_parallel_size=dp_size,
+    )
+    evaluations = (args.train_iters // args.eval_interval + 1) if args.eval_interval else 0
+    sizes = [
+        args.train_iters * global_batch_size,
+        evaluations * args.eval_iters * global_batch_size,
+        args.eval_iters * global_batch_size if evaluations else 0,
+    ]
+    cls = MockGPTDataset if args.mock_data else GPTDataset
+    return BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
+
+
+def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, micro_batch_size: int,
+                  dp_rank: int, dp_size: int):
+    """This rank's micro-batches for one global batch, in Megatron-LM's MegatronPretrainingSampler order.
+
+    Global batch i covers samples [i*G, (i+1)*G); micro-batch j of DP rank d reads the
+    ``micro_batch_size`` samples at ``consumed + j*mbs*dp + d*mbs``.
+    """
+    import torch
+
+    step = micro_batch_size * dp_size
+    out = []
+    for start in range(consumed_samples, consumed_samples + global_batch_size, step):
+        first = start + dp_rank * micro_batch_size
+        samples = [dataset[(first + k) % len(dataset)] for k in range(micro_batch_size)]
+        out.append({key: torch.stack([s[key] for s in samples]) for key in samples[0]})
+    return out

@@ -1,0 +1,228 @@
+"""Megatron-LM arguments -> megatron-core objects: TransformerConfig, GPTModel chunks wrapped in
+Megatron DDP, the Megatron optimizer and its LR scheduler. Nothing here re-implements Megatron.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+from primus.backends.megatron.arguments import MegatronArgs
+
+
+@dataclass
+class Derived:
+    """Settings the backend chose for the user; each is logged once with its reason."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def set(self, key: str, value: Any, reason: str) -> Any:
+        self.values[key], self.reasons[key] = value, reason
+        return value
+
+    def log(self, ctx) -> None:
+        for key, value in self.values.items():
+            ctx.log_derived(key, value, self.reasons[key])
+
+
+def padded_vocab_size(vocab_size: int, args: MegatronArgs) -> int:
+    """Megatron-LM's ``_vocab_size_with_padding``: a multiple of divisible_by x TP."""
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def use_transformer_engine(args: MegatronArgs, on_gpu: bool) -> bool:
+    if args.transformer_impl == "local":
+        return False
+    available = on_gpu and importlib.util.find_spec("transformer_engine") is not None
+    if args.transformer_impl == "transformer_engine" and not available:
+        from primus.config.errors import ConfigError
+
+        raise ConfigError("transformer_impl: transformer_engine needs a GPU and Transformer Engine installed; "
+                          "use transformer_impl: local")
+    return available
+
+
+def params_dtype(args: MegatronArgs):
+    import torch
+
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+
+
+def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
+    """The TransformerConfig for ``args`` (names mapped as Megatron-LM's ``core_transformer_config_from_args``)."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    ffn = args.ffn_hidden_size
+    if ffn is None:
+        # Megatron-LM's default: 4h, or for SwiGLU 2/3 of that rounded down to a multiple of 64.
+        ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
+        derived.set("ffn_hidden_size", ffn, "not set: Megatron-LM default from hidden_size")
+    fused = on_gpu
+    if not on_gpu:
+        derived.set("fused_kernels", False, "CPU: bias/activation, softmax, layer-norm, RoPE fusions and "
+                    "gradient_accumulation_fusion are CUDA kernels")
+    dtype = params_dtype(args)
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=ffn,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups if args.group_query_attention else None,
+        kv_channels=args.kv_channels,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        layernorm_epsilon=args.norm_epsilon,
+        normalization=args.normalization,
+        gated_linear_unit=args.swiglu,
+        activation_func=F.silu if args.swiglu else F.gelu,
+        add_bias_linear=not args.disable_bias_linear,
+        init_method_std=args.init_method_std,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        use_cpu_initialization=not on_gpu,
+        gradient_accumulation_fusion=on_gpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None,
+        bias_activation_fusion=fused,
+        bias_dropout_fusion=fused,
+        masked_softmax_fusion=fused,
+        persist_layer_norm=fused,
+        apply_rope_fusion=fused,
+        deallocate_pipeline_outputs=True,
+    )
+
+
+def build_model(args: MegatronArgs, config, vocab_size: int, *, use_te: bool) -> list:
+    """GPTModel chunks for this rank (one, or one per virtual pipeline stage)."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if use_te:
+        spec = get_gpt_layer_with_transformer_engine_spec(normalization=args.normalization)
+    else:
+        spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    vpp = args.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp_stage in range(vpp or 1):
+        stage = vp_stage if vpp else None
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=vocab_size,
+            max_sequence_length=args.max_position_embeddings or args.seq_length,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            position_embedding_type=args.position_embedding_type,
+            rotary_percent=args.rotary_percent,
+            rotary_base=int(args.rotary_base),
+            rope_scaling=args.use_rope_scaling,
+            rope_scaling_factor=args.rope_scaling_factor,
+            vp_stage=stage,
+        )
+        chunks.append(model)
+    return chunks
+
+
+def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
+    """Megatron DistributedDataParallel around each chunk (bucketing only on the first, as Megatron-LM)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+    )
+    return [
+        DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def build_optimizer(args: MegatronArgs, chunks: list):
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    config = OptimizerConfig(
+        optimizer=args.optimizer,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_eps=args.adam_eps,
+        sgd_momentum=args.sgd_momentum,
+        clip_grad=args.clip_grad,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        params_dtype=params_dtype(args),
+        loss_scale=args.loss_scale,
+        initial_loss_scale=args.initial_loss_scale,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        overlap_param_gather=args.overlap_param_gather,
+    )
+    return get_megatron_optimizer(config, chunks)
+
+
+def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):
+    """Megatron-LM's iteration-based schedule, counted in samples (``get_optimizer_param_scheduler``)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    decay_iters = args.lr_decay_iters or args.train_iters
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=args.lr_warmup_init,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * global_batch_size,
+        lr_decay_steps=decay_iters * global_batch_size,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=args.weight_decay,
+        end_wd=args.weight_decay,
+        wd_incr_steps=args.train_iters * global_batch_size,
+        wd_incr_style="constant",
+        wsd_decay_steps=decay_iters * global_batch_size if args.lr_decay_style == "WSD" else None,
+        lr_wsd_decay_style="linear" if args.lr_decay_style == "WSD" else None,
+    )
+
+
+def num_floating_point_operations(args: MegatronArgs, batch_size: int, vocab_size: int, ffn_hidden_size: int) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` (training.py, dense GPT, no MoE/MLA).
+
+    FLOPs of one training step over ``batch_size`` sequences::
+
+        12 * B * s * L * h^2 * ( (1 + g/n + s/h) * (n * d_kv / h)      attention (QKV, scores, proj)
+                                 + (f / h) * (3/2 if swiglu else 1)     MLP
+                                 + V / (2 * L * h) )                    logits
+
+    12 = 3 (forward, weight-grad, data-grad GEMMs) x 2 (GEMMs come in pairs) x 2 (multiply-add).
+    B batch, s seq_length, L layers, h hidden, n heads, g query groups, d_kv kv_channels, f FFN
+    width, V padded vocabulary. As in Megatron-LM the attention scores are counted without a
+    causal discount (``primus.runtime.flops`` halves them; Megatron's own number is reported here).
+    """
+    kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
+    query_ratio = kv_channels * args.num_attention_heads / args.hidden_size
+    h, s, layers = args.hidden_size, args.seq_length, args.num_layers
+    gated = 3 / 2 if args.swiglu else 1
+    return (
+        12 * batch_size * s * layers * h * h
+        * (
+            (1 + args.query_groups / args.num_attention_heads + s / h) * query_ratio
+            + (ffn_hidden_size / h) * gated
+            + vocab_size / (2 * layers * h)
+        )
+    )

@@ -1,0 +1,283 @@
+"""The Megatron training loop, driven by megatron-core's own pieces.
+
+One optimizer step = Megatron's ``get_forward_backward_func()`` (no pipelining, 1F1B, or
+interleaved 1F1B with virtual stages) over the global batch's micro-batches, then the Megatron
+optimizer step and the LR scheduler step (counted in samples, as Megatron-LM does).
+"""
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+from pathlib import Path
+
+from primus.backends.megatron import checkpoint as ckpt
+from primus.backends.megatron.arguments import MegatronArgs, check_parallel_layout
+from primus.backends.megatron.data import build_datasets, build_tokenizer, micro_batches
+from primus.backends.megatron.model import (
+    Derived,
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    num_floating_point_operations,
+    padded_vocab_size,
+    transformer_config,
+    use_transformer_engine,
+    wrap_ddp,
+)
+from primus.config.errors import ConfigError
+from primus.runtime.metrics import StepReport
+
+
+def _init_process_group(ctx) -> bool:
+    """Join the process group the launcher described in env vars; True if we created it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    for key, value in (("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size), ("LOCAL_RANK", ctx.local_rank),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        os.environ.setdefault(key, str(value))
+    if ctx.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(ctx.local_rank)
+    dist.init_process_group(ctx.dist_backend)
+    return True
+
+
+def _loss_func(loss_mask, output_tensor):
+    """Megatron-LM's GPT loss: token-summed loss + token count; the schedule divides per micro-batch."""
+    import torch
+
+    losses = output_tensor.float()
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses.view(-1) * loss_mask)
+    num_tokens = loss_mask.sum().to(torch.int)
+    reporting = torch.cat([loss.detach().view(1), num_tokens.float().view(1)])
+    return loss, num_tokens, {"lm loss": reporting}
+
+
+def _forward_step(data_iterator, model):
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+    return output, partial(_loss_func, batch["loss_mask"])
+
+
+def _global_loss(losses: list[dict]) -> float:
+    """Token-weighted mean loss over the global batch, known on every rank (all-reduce over DP,
+    then from the last pipeline stage to the others)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    total = torch.zeros(2)
+    for item in losses:
+        total += item["lm loss"].float()
+    if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    else:
+        total.zero_()
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
+    return (total[0] / total[1].clamp(min=1)).item()
+
+
+class MegatronTrainer:
+    def __init__(self, args: MegatronArgs, ctx):
+        self.args, self.ctx = args, ctx
+        self.owns_process_group = False
+
+    def setup(self) -> None:
+        import torch
+        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+
+        args, ctx = self.args, self.ctx
+        on_gpu = ctx.device.startswith("cuda")
+        self.owns_process_group = _init_process_group(ctx)
+        world = torch.distributed.get_world_size()
+        self.dp = check_parallel_layout(args, world)
+        derived = Derived()
+        self.gbs = args.global_batch_size or derived.set(
+            "global_batch_size", args.micro_batch_size * self.dp, "not set: micro_batch_size x data-parallel size")
+        self.num_microbatches = derived.set(
+            "gradient_accumulation_steps", self.gbs // (args.micro_batch_size * self.dp),
+            "global_batch_size / (micro_batch_size x data-parallel size)")
+        derived.set("data_parallel_size", self.dp, "world size / (tensor x pipeline parallel)")
+
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=args.tensor_model_parallel_size,
+            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        )
+        # Schedules read the micro-batch count from this global calculator.
+        init_num_microbatches_calculator(ctx.rank, None, self.gbs, args.micro_batch_size, self.dp)
+        torch.manual_seed(args.seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+
+        self.tokenizer = build_tokenizer(args)
+        vocab = args.vocab_size or self.tokenizer.vocab_size
+        if vocab < self.tokenizer.vocab_size:
+            raise ConfigError(f"vocab_size ({vocab}) is smaller than the tokenizer's vocabulary ({self.tokenizer.vocab_size})")
+        self.vocab = padded_vocab_size(vocab, args)
+        if self.vocab != vocab:
+            derived.set("padded_vocab_size", self.vocab,
+                        f"{vocab} rounded up to a multiple of make_vocab_size_divisible_by x TP")
+        use_te = use_transformer_engine(args, on_gpu)
+        derived.set("transformer_impl", "transformer_engine" if use_te else "local",
+                    "Transformer Engine importable on GPU" if use_te else "no GPU / Transformer Engine: local layer spec")
+        derived.set("attention_backend", "TEDotProductAttention" if use_te else "local DotProductAttention",
+                    "follows transformer_impl")
+        self.config = transformer_config(args, on_gpu=on_gpu, derived=derived)
+        derived.log(ctx)
+
+        chunks = build_model(args, self.config, self.vocab, use_te=use_te)
+        if on_gpu:
+            for chunk in chunks:
+                chunk.cuda(torch.cuda.current_device())
+        self.model = wrap_ddp(args, self.config, chunks)
+        self.optimizer = build_optimizer(args, self.model)
+        self._hook_schedule()
+        self.scheduler = build_scheduler(args, self.optimizer, self.gbs)
+        self.ffn = self.config.ffn_hidden_size
+        self.flops_per_step = num_floating_point_operations(args, self.gbs, self.vocab, self.ffn)
+        n_params = sum(p.numel() for c in chunks for p in c.parameters())
+        ctx.logger.info("megatron model on rank %d: %d parameters in %d chunk(s)", ctx.rank, n_params, len(chunks))
+
+        self.iteration, self.consumed = 0, 0
+        self.save_dir = Path(args.save) if args.save else ctx.checkpoint_dir
+        load_dir = Path(args.load) if args.load else (self.save_dir if ctx.resume else None)
+        if load_dir is not None:
+            if ckpt.latest_iteration(load_dir) is None:
+                if args.load:
+                    raise ConfigError(f"load: no checkpoint ({ckpt.TRACKER}) under {load_dir}")
+                ctx.logger.info("resume: no checkpoint under %s yet, starting from scratch", load_dir)
+            else:
+                self.iteration, self.consumed = ckpt.load_checkpoint(
+                    load_dir, self.model, self.optimizer, self.scheduler,
+                    use_distributed_optimizer=args.use_distributed_optimizer, finetune=args.finetune,
+                    no_load_optim=args.no_load_optim, no_load_rng=args.no_load_rng)
+                ctx.logger.info("loaded checkpoint %s at iteration %d", load_dir, self.iteration)
+
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.train_ds, self.valid_ds, _ = build_datasets(args, self.tokenizer, self.gbs, self.dp)
+
+    def _hook_schedule(self) -> None:
+        """Tell the schedules how to finish a step, as Megatron-LM's ``train()`` does: without
+        ``finalize_model_grads_func`` DDP grads are never all-reduced over DP (nor tied embedding
+        grads across pipeline stages), and without ``grad_scale_func`` fp16 loss scaling is skipped."""
+        from megatron.core.distributed import finalize_model_grads
+
+        config = self.config
+        config.grad_scale_func = self.optimizer.scale_loss
+        config.finalize_model_grads_func = finalize_model_grads
+        if self.args.overlap_grad_reduce:
+            sync = [chunk.no_sync for chunk in self.model]
+            config.no_sync_func = sync[0] if len(sync) == 1 else sync
+        if self.args.overlap_param_gather:
+            sync = [chunk.start_param_sync for chunk in self.model]
+            config.param_sync_func = sync[0] if len(sync) == 1 else sync
+
+    def _batches(self, dataset, consumed: int):
+        return iter(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
+                                  micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.dp))
+
+    def _data_iterator(self, dataset, consumed: int):
+        # Interleaved schedules take one iterator per model chunk; each chunk sees the same batches.
+        if len(self.model) == 1:
+            return self._batches(dataset, consumed)
+        return [self._batches(dataset, consumed) for _ in self.model]
+
+    def _forward_backward(self, dataset, consumed: int, forward_only: bool) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        return get_forward_backward_func()(
+            forward_step_func=_forward_step,
+            data_iterator=self._data_iterator(dataset, consumed),
+            model=self.model if len(self.model) > 1 else self.model[0],
+            num_microbatches=self.num_microbatches,
+            seq_length=self.args.seq_length,
+            micro_batch_size=self.args.micro_batch_size,
+            forward_only=forward_only,
+        )
+
+    def train_step(self) -> tuple[float, float | None]:
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+        update_ok, grad_norm, _ = self.optimizer.step()
+        if update_ok:
+            self.scheduler.step(increment=self.gbs)
+        return _global_loss(losses), (float(grad_norm) if grad_norm is not None else None)
+
+    def evaluate(self) -> float:
+        import torch
+
+        for chunk in self.model:
+            chunk.eval()
+        with torch.no_grad():
+            losses = []
+            for i in range(self.args.eval_iters):
+                losses += self._forward_backward(self.valid_ds, i * self.gbs, forward_only=True)
+        for chunk in self.model:
+            chunk.train()
+        return _global_loss(losses)
+
+    def save(self) -> None:
+        path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler,
+                                    iteration=self.iteration, consumed_samples=self.consumed,
+                                    use_distributed_optimizer=self.args.use_distributed_optimizer,
+                                    save_optimizer=not self.args.no_save_optim)
+        self.ctx.logger.info("saved checkpoint %s", path)
+
+    def train(self) -> None:
+        args, ctx = self.args, self.ctx
+        last_saved = self.iteration
+        while self.iteration < args.train_iters:
+            start = time.perf_counter()
+            loss, grad_norm = self.train_step()
+            elapsed = time.perf_counter() - start
+            self.iteration += 1
+            self.consumed += self.gbs
+            ctx.report_step(StepReport(
+                step=self.iteration, loss=loss, step_time_s=elapsed, samples=self.gbs,
+                tokens=self.gbs * args.seq_length, flops=self.flops_per_step,
+                lr=self.optimizer.param_groups[0]["lr"], grad_norm=grad_norm,
+            ))
+            if args.eval_interval and args.eval_iters and self.iteration % args.eval_interval == 0 and self.valid_ds:
+                ctx.logger.info("[EVAL] step=%d loss=%.4f", self.iteration, self.evaluate())
+            if args.save_interval and self.iteration % args.save_interval == 0:
+                self.save()
+                last_saved = self.iteration
+            if self.iteration < args.train_iters and ctx.should_stop():
+                # SIGTERM (preemption): checkpoint this step whatever the interval, then stop.
+                from primus.runtime.preemption import Preempted
+
+                if last_saved != self.iteration:
+                    self.save()
+                raise Preempted(self.iteration, True)
+        if last_saved != self.iteration:
+            self.save()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+
+        parallel_state.destroy_model_parallel()  # safe when never initialized
+        destroy_num_microbatches_calculator()
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def train(args: MegatronArgs, ctx) -> None:
+    """Build Megatron's model, optimizer and data for this rank, train, checkpoint, tear down."""
+    trainer = MegatronTrainer(args, ctx)
+    try:
+        trainer.setup()
+        trainer.train()
+    finally:
+        trainer.close()

@@ -1,0 +1,133 @@
+"""Megatron arguments: unknown keys, parallel layouts, the neutral model block (no engine run)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from primus.backends.megatron.adapter import MegatronAdapter, megatron_params
+from primus.backends.megatron.arguments import (
+    MODEL_SHAPE_KEYS,
+    check_parallel_layout,
+    default_args,
+    parse_args,
+    translate_neutral_model,
+)
+from primus.config.errors import ConfigError
+from primus.runtime.adapter import ModuleConfig
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+        "train_iters": 10, "lr": 1e-3, "mock_data": True, "vocab_size": 512}
+
+
+def params(**overrides):
+    return {**TINY, **overrides}
+
+
+def one_line(exc_info) -> str:
+    message = str(exc_info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_key_names_dotted_key_and_suggests():
+    with pytest.raises(ConfigError) as exc:
+        parse_args(params(lr_warmup_iter=5))
+    assert one_line(exc) == ("modules.pre_trainer.lr_warmup_iter: unknown Megatron argument "
+                             "(did you mean 'lr_warmup_iters'?)")
+
+
+def test_error_carries_provenance_location():
+    class Provenance:
+        def describe(self, key):
+            return "exp.yaml:12" if key == "modules.pre_trainer.tensor_model_paralel_size" else None
+
+    with pytest.raises(ConfigError) as exc:
+        parse_args(params(tensor_model_paralel_size=2), provenance=Provenance())
+    assert one_line(exc).startswith("exp.yaml:12: modules.pre_trainer.tensor_model_paralel_size: unknown")
+    assert "did you mean 'tensor_model_parallel_size'" in str(exc.value)
+
+
+def test_bad_value_type_names_key_and_value():
+    with pytest.raises(ConfigError) as exc:
+        parse_args(params(micro_batch_size="four"))
+    assert one_line(exc).startswith("modules.pre_trainer.micro_batch_size:")
+    assert "'four'" in str(exc.value)
+
+
+@pytest.mark.parametrize("overrides, world, expected", [
+    ({"tensor_model_parallel_size": 3}, None,
+     "num_attention_heads (4) is not divisible by tensor_model_parallel_size (3)"),
+    ({"group_query_attention": True, "num_query_groups": 2, "tensor_model_parallel_size": 4}, None,
+     "num_query_groups (2) is not divisible by tensor_model_parallel_size (4)"),
+    ({"pipeline_model_parallel_size": 3}, None, "num_layers (4) is not divisible by pipeline_model_parallel_size (3)"),
+    ({"pipeline_model_parallel_size": 2, "num_layers_per_virtual_pipeline_stage": 3}, None,
+     "layers per pipeline stage (4 / 2 = 2) is not divisible by num_layers_per_virtual_pipeline_stage (3)"),
+    ({"tensor_model_parallel_size": 2}, 3,
+     "world size (3) is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size (2 x 1 = 2)"),
+    ({"micro_batch_size": 2, "global_batch_size": 6}, 2,
+     "global_batch_size (6) is not divisible by micro_batch_size x data-parallel size (2 x 2 = 4)"),
+    ({"micro_batch_size": 4, "global_batch_size": 6}, None, "global_batch_size (6) is not divisible by micro_batch_size (4)"),
+])
+def test_bad_parallel_layouts_are_one_clear_line(overrides, world, expected):
+    with pytest.raises(ConfigError) as exc:
+        args = parse_args(params(**overrides))
+        check_parallel_layout(args, world)
+    assert one_line(exc) == f"modules.pre_trainer: {expected}"
+
+
+def test_good_layout_returns_data_parallel_size():
+    args = parse_args(params(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, global_batch_size=16))
+    assert check_parallel_layout(args, 8) == 2
+
+
+def test_neutral_model_block_translates_and_flat_keys_override():
+    spec = yaml.safe_load((REPO / "primus/configs/models/common/llama3_tiny.yaml").read_text())["model"]
+    translated = translate_neutral_model(spec)
+    assert translated["num_layers"] == spec["n_layers"] and translated["hidden_size"] == spec["dim"]
+    assert translated["num_query_groups"] == spec["n_kv_heads"] and translated["group_query_attention"]
+    assert translated["normalization"] == "RMSNorm" and translated["swiglu"] and translated["position_embedding_type"] == "rope"
+    assert translated["untie_embeddings_and_output_weights"] is True
+    args = parse_args({"model": spec, "num_layers": 4, "seq_length": 64, "train_iters": 2, "lr": 1e-3, "mock_data": True})
+    assert args.num_layers == 4  # the flat Megatron key wins
+    assert args.hidden_size == spec["dim"] and args.rotary_base == spec["rope_theta"]
+    assert args.ffn_hidden_size == 352
+
+
+def test_neutral_model_error_points_into_model_block():
+    with pytest.raises(ConfigError) as exc:
+        parse_args({"model": {"n_layers": 2, "dim": 64, "n_heads": 4, "vocab_size": 8, "n_layer": 3}, **TINY})
+    assert one_line(exc).startswith("modules.pre_trainer.model.n_layer: unknown")
+    assert "did you mean 'n_layers'" in str(exc.value)
+
+
+def test_defaults_exclude_model_shape_and_match_the_preset():
+    defaults = default_args()
+    assert not MODEL_SHAPE_KEYS & set(defaults)
+    preset = yaml.safe_load((REPO / "primus/configs/modules/megatron/pre_trainer.yaml").read_text())
+    assert not MODEL_SHAPE_KEYS & set(preset)
+    parse_args({**preset, **params()})  # every preset key is a known Megatron argument
+
+
+def test_adapter_validate_accepts_the_primus_block_only_with_known_keys(tmp_path):
+    adapter = MegatronAdapter()
+    tiny = {k: v for k, v in params().items() if k != "mock_data"}
+    adapter.validate(ModuleConfig("pre_trainer", "megatron", "pretrain", {**tiny, "primus": {"tiny_assets": str(tmp_path)}}))
+    with pytest.raises(ConfigError, match="primus.tiny_asset"):
+        adapter.validate(ModuleConfig("pre_trainer", "megatron", "pretrain", {**tiny, "primus": {"tiny_asset": "x"}}))
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples/megatron").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_experiments_validate(example):
+    """Each example, merged as the lead's resolver will (defaults < preset < model < overrides), validates."""
+    experiment = yaml.safe_load(example.read_text())
+    module = experiment["modules"]["pre_trainer"]
+    assert module["framework"] == "megatron"
+    merged = dict(default_args())
+    merged.update(yaml.safe_load((REPO / "primus/configs/modules/megatron" / module["config"]).read_text()))
+    model_file = REPO / "primus/configs/models/common" / module["model"]
+    merged.update(yaml.safe_load(model_file.read_text()))
+    merged.update(module.get("overrides", {}))
+    parse_args(megatron_params(merged))
