@@ -28,6 +28,18 @@ class ModuleSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+class PrimusOptions(BaseModel):
+    """The ``primus:`` block of a module's params: Primus' own knobs, never handed to an engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tiny_assets: str | None = Field(None, description="build the tiny tokenizer/corpus here and train on it")
+    peak_tflops: float | None = Field(None, gt=0, description="device peak for MFU (overrides the table)")
+    peak_dtype: str = Field("bf16", pattern=r"^(bf16|fp32)$", description="which peak of the table to use")
+    tensorboard: bool = True
+    hf_token: str | None = Field(None, description="exported as HF_TOKEN to the workers; never saved")
+
+
 class ExperimentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

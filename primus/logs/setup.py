@@ -35,6 +35,18 @@ class PrimusFormatter(logging.Formatter):
         return mask_text(text, self.secrets) if self.secrets else text
 
 
+class _LogFile(logging.FileHandler):
+    """A log file that says once, in one line, when it cannot be written (disk full)."""
+
+    reported = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not _LogFile.reported:
+            _LogFile.reported = True
+            error = sys.exc_info()[1]
+            print(f"primus: cannot write log file {self.baseFilename}: {error}", file=sys.stderr)
+
+
 class _ConsoleFilter(logging.Filter):
     """INFO for Primus' own loggers on console ranks; engines' INFO stays in the files."""
 
@@ -61,7 +73,7 @@ def setup_logging(log_root: Path, module: str, rank: int, world_size: int, *,
         handler.close()
     root.setLevel(logging.DEBUG)
     for name, level in LEVEL_FILES.items():
-        handler = logging.FileHandler(rank_dir / f"{name}.log", encoding="utf-8")
+        handler = _LogFile(rank_dir / f"{name}.log", encoding="utf-8")
         handler.setLevel(level)
         handler.setFormatter(formatter)
         root.addHandler(handler)

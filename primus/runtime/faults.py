@@ -1,7 +1,8 @@
 """Deliberate failures for testing fault handling: ``PRIMUS_FAULT_INJECT=raise@rank1:step3``.
 
 Kinds: ``raise`` (an exception in the trainer's step path), ``kill`` (SIGKILL of the rank),
-``term`` (SIGTERM to the rank). Off unless the variable is set; checked once per step.
+``term`` (SIGTERM to the rank). Off unless the variable is set; checked once per step. A fault
+is transient: it fires in the first worker attempt only, so a torchelastic restart recovers.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def maybe_inject(rank: int, step: int) -> None:
     if not match:
         raise ValueError(f"PRIMUS_FAULT_INJECT={spec!r}: expected KIND@rankR:stepS with KIND raise|kill|term")
     kind, fault_rank, fault_step = match.group(1), int(match.group(2)), int(match.group(3))
-    if rank != fault_rank or step != fault_step:
+    if rank != fault_rank or step != fault_step or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
     if kind == "raise":
         raise InjectedFault(f"injected failure on rank {rank} at step {step} (PRIMUS_FAULT_INJECT)")

@@ -8,7 +8,9 @@ waiting in a collective that its peers will never enter.
 """
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from types import FrameType
 
 PREEMPTED_EXIT = 75
@@ -22,10 +24,16 @@ class Preempted(Exception):
 
 
 class StopSignal:
-    """Remembers that SIGTERM (or SIGUSR1, Slurm's --signal) arrived."""
+    """Remembers that SIGTERM (or SIGUSR1, Slurm's --signal) arrived.
 
-    def __init__(self) -> None:
+    A rank that does not reach a step boundary within ``grace_s`` (stuck in a collective with
+    a dead peer, or still starting up) exits anyway, before the launcher's SIGKILL (30 s), so
+    a graceful stop can never turn into a hang. A second signal exits at once.
+    """
+
+    def __init__(self, grace_s: float | None = None) -> None:
         self.signal_name: str | None = None
+        self.grace_s = grace_s if grace_s is not None else float(os.environ.get("PRIMUS_STOP_GRACE_S", "20"))
 
     def install(self) -> "StopSignal":
         for sig in (signal.SIGTERM, signal.SIGUSR1):
@@ -33,7 +41,12 @@ class StopSignal:
         return self
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal_name is not None:
+            os._exit(128 + signum)
         self.signal_name = signal.Signals(signum).name
+        timer = threading.Timer(self.grace_s, os._exit, args=(128 + signum,))
+        timer.daemon = True
+        timer.start()
 
     @property
     def requested(self) -> bool:

@@ -48,6 +48,8 @@ def train_worker(payload: dict[str, Any]) -> int:
     device, device_name = _device()
     params = section["params"]
     primus_opts = params.get("primus") or {}
+    if primus_opts.get("hf_token"):
+        os.environ.setdefault("HF_TOKEN", primus_opts["hf_token"])
     peak = peak_tflops(device_name, primus_opts.get("peak_dtype", "bf16"), primus_opts.get("peak_tflops"))
     reporter = MetricsReporter(run_dir, rank=rank, world_size=world_size, device=device, peak_tflops=peak,
                                enable_tensorboard=primus_opts.get("tensorboard", True))

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from primus.backends.nemo_automodel.config import EXPERTS, Handoff, build_handoff, expand_path
+from primus.backends.nemo_automodel.config import EXPERTS, Handoff, build_handoff, expand_path, tiny_assets_of
 from primus.config.errors import ConfigError
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 
@@ -75,8 +75,8 @@ class AutoModelAdapter(BackendAdapter):
             ctx.logger.warning("nemo-automodel %s is untested (validated: %s): config checks may be stale",
                                version, ", ".join(schema.VALIDATED_VERSIONS))
         self.canonical_stage(module.stage, where=f"modules.{module.name}.stage")
-        if module.params.get("tiny_assets"):
-            ensure_tiny_assets(Path(expand_path(module.params["tiny_assets"])), ctx.logger)
+        if tiny_assets_of(module.params):
+            ensure_tiny_assets(Path(expand_path(tiny_assets_of(module.params))), ctx.logger)
         handoff = self._handoff(module, checkpoint_dir=ctx.checkpoint_dir, resume=ctx.resume,
                                 dist_backend=ctx.dist_backend, log=ctx.logger.info, log_derived=ctx.log_derived)
         cfg = handoff.automodel

@@ -42,6 +42,11 @@ def expand_path(value: str) -> str:
     return os.path.expanduser(value)
 
 
+def tiny_assets_of(params: Mapping[str, Any]) -> str | None:
+    """``primus.tiny_assets`` (the common Primus block), or the older top-level ``tiny_assets``."""
+    return (params.get("primus") or {}).get("tiny_assets") or params.get("tiny_assets")
+
+
 def split_primus_keys(params: Mapping[str, Any]) -> Handoff:
     automodel = copy.deepcopy(dict(params))
     primus = {key: automodel.pop(key) for key in list(automodel) if key in PRIMUS_KEYS}
@@ -96,7 +101,7 @@ def build_handoff(
             spec["subfolder"] = EXPERTS.get(str(expert).lower(), "transformer") if expert else "transformer"
             log_derived("model.pipeline_spec.subfolder", spec["subfolder"], "the trained expert's config")
 
-    tiny = handoff.primus.get("tiny_assets")
+    tiny = tiny_assets_of(handoff.primus)
     if tiny:
         root = Path(expand_path(tiny))
         handoff.primus["tiny_assets"] = root

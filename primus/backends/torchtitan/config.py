@@ -175,6 +175,10 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         if cfg.activation_checkpoint is None:
             native.pop("activation_checkpoint")
     apply_tree(cfg, native, ctx)
+    try:
+        cfg.__post_init__()  # the engine's own cross-field invariants, on the final values
+    except ValueError as exc:
+        raise ConfigError(f"{ctx.where('training')}: {ctx.prefix}: {exc}") from None
     _derive_run_paths(cfg, run_dir, ctx)
     if device != "cuda":
         _derive_cpu_settings(cfg, ctx)
