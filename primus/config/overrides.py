@@ -12,7 +12,13 @@ from primus.config.yaml_source import Layer
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
 
 
+_SCIENTIFIC = re.compile(r"^[-+]?\d+(\.\d*)?[eE][-+]?\d+$")
+
+
 def _value(text: str, token: str) -> Any:
+    """YAML scalars and lists; ``3e-4`` is a float here (YAML 1.1 would keep it a string)."""
+    if _SCIENTIFIC.match(text):
+        return float(text)
     try:
         return yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:

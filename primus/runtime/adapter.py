@@ -82,6 +82,9 @@ class BackendAdapter(ABC):
         file:line that set it) with a did-you-mean where possible. May import the engine.
         """
 
+    def check_world_size(self, module: ModuleConfig, world_size: int, provenance: "Provenance") -> None:
+        """Check the parallel layout against the job's world size before any process starts."""
+
     def check_inputs(self, module: ModuleConfig, provenance: "Provenance") -> None:
         """Check that the files the run reads (data, tokenizer, checkpoints to load) exist.
         Called before launching; ``primus config validate --check-paths`` calls it too."""

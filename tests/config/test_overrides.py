@@ -5,8 +5,9 @@ from primus.config.overrides import overrides_layer, parse_overrides
 
 
 def test_all_three_forms_and_yaml_values():
-    items = parse_overrides(["a.b=3", "--c.d", "[1, 2]", "--e=true", "--flag", "--s", "text"])
-    assert [(k, v) for k, v, _ in items] == [("a.b", 3), ("c.d", [1, 2]), ("e", True), ("flag", True), ("s", "text")]
+    items = parse_overrides(["a.b=3", "--c.d", "[1, 2]", "--e=true", "--flag", "--s", "text", "lr=3e-4"])
+    assert [(k, v) for k, v, _ in items] == [("a.b", 3), ("c.d", [1, 2]), ("e", True), ("flag", True), ("s", "text"),
+                                            ("lr", 3e-4)]
 
 
 def test_layer_nests_keys_and_remembers_tokens():

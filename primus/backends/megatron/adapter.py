@@ -68,6 +68,18 @@ class MegatronAdapter(BackendAdapter):
 
         parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
 
+    def check_world_size(self, module: ModuleConfig, world_size: int, provenance: "Provenance | None" = None) -> None:
+        from primus.backends.megatron.arguments import check_parallel_layout, parse_args
+
+        args = parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
+        check_parallel_layout(args, world_size, module=module.name)
+
+    def plan_inputs(self, module: ModuleConfig):
+        """(LlamaModelSpec, ParallelLayout) for ``primus plan`` from Megatron-LM arguments."""
+        from primus.backends.megatron.plan import plan_inputs
+
+        return plan_inputs(module.params)
+
     def check_inputs(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
         if _tiny_assets_dir(module.params) is not None:
             return  # built by prepare() before the ranks start

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from primus.backends.nemo_automodel.config import EXPERTS, Handoff, build_handoff, expand_path, tiny_assets_of
 from primus.config.errors import ConfigError
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
+from primus.runtime.preemption import Preempted
 
 if TYPE_CHECKING:
     from primus.config.provenance import Provenance
@@ -91,12 +92,15 @@ class AutoModelAdapter(BackendAdapter):
         with keep_primus_logging():
             recipe.setup()
         self._log_sigma_window(recipe, ctx.logger)
-        tap = StepTap(recipe, ctx.report_step)
+        tap = StepTap(recipe, ctx.report_step, ctx.should_stop)
         try:
             with one_train_line():
                 recipe.run_train_validation_loop()
         finally:
             tap.close()
+        if getattr(recipe.step_scheduler, "sigterm_flag", False):
+            # AutoModel's own distributed SIGTERM handler saved a checkpoint and ended the loop
+            raise Preempted(int(recipe.step_scheduler.step), checkpointed=True)
         ctx.logger.info("nemo_automodel: %d optimizer steps, checkpoints in %s", len(tap.reports),
                         cfg["checkpoint"]["checkpoint_dir"])
 

@@ -31,10 +31,10 @@ def _batch_size(batch: dict[str, Any]) -> int:
 class StepTap:
     """Attach to a set-up recipe; calls ``report(StepReport)`` on every rank, once per optimizer step."""
 
-    def __init__(self, recipe: Any, report: Callable[[StepReport], Any]):
+    def __init__(self, recipe: Any, report: Callable[[StepReport], Any], should_stop: Callable[[], bool] = lambda: False):
         import torch
 
-        self.recipe, self.report = recipe, report
+        self.recipe, self.report, self.should_stop = recipe, report, should_stop
         self._losses: list[Any] = []
         self._samples = 0
         self._start: float | None = None
@@ -82,6 +82,9 @@ class StepTap:
         self._losses, self._samples, self._start = [], 0, None
         self.reports.append(report)
         self.report(report)
+        if self.should_stop():
+            # the step scheduler's own preemption path: checkpoint at this step, end the loop
+            self.recipe.step_scheduler.sigterm_flag = True
 
     def close(self) -> None:
         self._handle.remove()

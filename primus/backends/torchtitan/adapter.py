@@ -146,6 +146,22 @@ class TorchTitanAdapter(BackendAdapter):
             raise ConfigError(f"{provenance.describe(key)}: {key}: unknown dataset '{dataset}'"
                               f"{did_you_mean(dataset, DATASETS)}; known: {', '.join(DATASETS)}")
 
+    def check_world_size(self, module: ModuleConfig, world_size: int, provenance: Provenance) -> None:
+        """TorchTitan checks dp x tp x pp x cp == world size at start-up; say it before launch."""
+        parallel = module.params.get("parallelism") or {}
+        degrees = {key: parallel.get(key, 1) for key in ("data_parallel_replicate_degree", "tensor_parallel_degree",
+                                                         "pipeline_parallel_degree", "context_parallel_degree")}
+        shard = parallel.get("data_parallel_shard_degree", -1)
+        fixed = degrees["data_parallel_replicate_degree"] * degrees["tensor_parallel_degree"] * \
+            degrees["pipeline_parallel_degree"] * degrees["context_parallel_degree"]
+        product = fixed * shard if shard > 0 else fixed
+        if (shard > 0 and product != world_size) or (shard <= 0 and world_size % fixed):
+            key = f"modules.{module.name}.parallelism"
+            layout = " x ".join(f"{k.replace('_degree', '')}={v}" for k, v in {**degrees,
+                                "data_parallel_shard_degree": shard}.items())
+            raise ConfigError(f"{provenance.describe(key)}: {key}: {layout} does not fit the world size "
+                              f"{world_size} (the degrees must multiply to it; shard -1 fills it)")
+
     def check_inputs(self, module: ModuleConfig, provenance: Provenance) -> None:
         params = module.params
         if _tiny_assets_dir(params) is not None:

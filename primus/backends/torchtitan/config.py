@@ -21,6 +21,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from primus.config.errors import ConfigError, did_you_mean
 from primus.config.model_spec import LlamaModelSpec
 from primus.config.provenance import Provenance
@@ -31,6 +33,16 @@ PRIMUS_KEYS = ("model", "attn_backend", "primus")
 OWNED_BY_PRIMUS = {"dump_folder": "the run directory", "model_spec": "the `model:` preset"}
 OPTIMIZER_SHORTCUTS = ("name", "lr", "betas", "eps", "weight_decay")
 AC_MODES = ("selective", "full", "memory_budget", "none")
+
+
+class _OptimizerShortcuts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "AdamW"
+    lr: float = Field(gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
 
 
 @dataclasses.dataclass
@@ -116,11 +128,18 @@ def _optimizer(cfg: Any, section: dict[str, Any], ctx: BuildContext) -> dict[str
     if shortcuts and "param_groups" in section:
         raise ctx.fail("optimizer.param_groups", "give either param_groups or the flat name/lr/... keys, not both")
     if shortcuts:
+        from pydantic import ValidationError
         from torchtitan.components.optimizer import ParamGroupConfig
 
+        try:
+            checked = _OptimizerShortcuts.model_validate(shortcuts)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            key = f"optimizer.{error['loc'][0]}"
+            raise ctx.fail(key, f"{error.get('input')!r}: {error['msg']}") from None
         kwargs = {"lr": 8e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
-        kwargs.update({k: (tuple(v) if k == "betas" else v) for k, v in shortcuts.items() if k != "name"})
-        cfg.optimizer.param_groups = [ParamGroupConfig(pattern=r".*", optimizer_name=shortcuts.get("name", "AdamW"),
+        kwargs.update(checked.model_dump(exclude_unset=True, exclude={"name"}))
+        cfg.optimizer.param_groups = [ParamGroupConfig(pattern=r".*", optimizer_name=checked.name,
                                                        optimizer_kwargs=kwargs)]
     if "param_groups" in section:
         from torchtitan.components.optimizer import ParamGroupConfig

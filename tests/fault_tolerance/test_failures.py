@@ -1,0 +1,139 @@
+"""Rank death, preemption, restarts, atomic checkpoints, concurrency, disk full (TorchTitan, CPU)."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
+
+pytestmark = [pytest.mark.e2e]
+pytest.importorskip("torchtitan")
+
+
+def _run_dir(workspace, name):
+    return workspace / "amd" / "root" / name
+
+
+def _losses(run_dir):
+    return [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+def _workers_of(run_dir):
+    return [p for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and "primus.runtime.worker" in p.info["cmdline"]
+            and any(str(run_dir) in part for part in p.info["cmdline"])]
+
+
+def test_sigkill_of_one_rank_stops_the_job_and_names_it(run_primus, workspace):
+    start = time.monotonic()
+    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=killed", "training.steps=50",
+                        env={"PRIMUS_FAULT_INJECT": "kill@rank1:step3"}, timeout=120)
+    assert time.monotonic() - start < 30 + 15  # the job stops within 30 s of the kill (+ start-up)
+    assert result.returncode not in (0, 2, 75)
+    assert "FAILED first failure: rank 1 (local 1) on" in result.stderr and "signal SIGKILL" in result.stderr
+    run_dir = _run_dir(workspace, "killed")
+    assert (run_dir / "logs" / "pre_trainer" / "rank-1" / "info.log").read_text().count("[TRAIN]") == 0
+    assert "[rank 1/2]" in (run_dir / "logs" / "pre_trainer" / "rank-1" / "debug.log").read_text()
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
+    assert not _workers_of(run_dir)  # no orphans
+
+
+def test_sigterm_checkpoints_exits_75_and_resume_reproduces_the_run(run_primus, workspace):
+    straight = run_primus("train", TINY_EXAMPLE, "exp_name=straight", "training.steps=8")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    first = run_primus("train", TINY_EXAMPLE, "exp_name=split", "training.steps=8",
+                       env={"PRIMUS_FAULT_INJECT": "term@rank0:step4"})
+    assert first.returncode == 75, first.stderr[-2000:]
+    split = _run_dir(workspace, "split")
+    assert (split / "checkpoints" / "step-4" / ".metadata").exists()  # saved although interval is 10
+    assert json.loads((split / "manifest.json").read_text())["status"] == "preempted"
+    assert "preempted: checkpoint saved" in first.stdout
+    second = run_primus("train", TINY_EXAMPLE, "exp_name=split", "training.steps=8")  # same command: --resume auto
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming split" in second.stdout
+    # data order, RNG and LR schedule are restored: bitwise-equal losses on CPU
+    assert _losses(split) == _losses(_run_dir(workspace, "straight"))
+    attempts = json.loads((split / "manifest.json").read_text())["attempts"]
+    assert [a["status"] for a in attempts] == ["preempted", "completed"]
+
+
+def test_max_restarts_recovers_a_killed_worker_from_its_checkpoint(run_primus, workspace):
+    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "--max-restarts", "1", "exp_name=restart",
+                        "training.steps=6", "checkpoint.interval=2", env={"PRIMUS_FAULT_INJECT": "kill@rank1:step3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = _run_dir(workspace, "restart")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "completed"
+    assert [r["restart"] for r in manifest["attempts"][-1]["restarts"]] == [1]
+    steps = [s for s, _ in _losses(run_dir)]
+    assert steps[-1] == 6 and 3 in steps  # step 3 ran again after the restart resumed from step 2
+    assert "Training starts at step 3" in (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+
+
+def test_resume_skips_a_partial_newest_checkpoint(run_primus, workspace):
+    first = run_primus("train", TINY_EXAMPLE, "exp_name=partial", "training.steps=4", "checkpoint.interval=2")
+    assert first.returncode == 0
+    run_dir = _run_dir(workspace, "partial")
+    checkpoints = run_dir / "checkpoints"
+    shutil.copytree(checkpoints / "step-4", checkpoints / "step-6")
+    (checkpoints / "step-6" / ".metadata").unlink()  # a write killed before DCP's final metadata file
+    second = run_primus("train", TINY_EXAMPLE, "--resume", "exp_name=partial", "training.steps=6",
+                        "checkpoint.interval=2")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "Training starts at step 5" in (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+
+
+def test_a_second_concurrent_launch_is_refused(run_primus, workspace, tiny_cache):
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
+    first = subprocess.Popen([*PRIMUS, "train", str(TINY_EXAMPLE), "exp_name=busy", "training.steps=400"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run_dir = _run_dir(workspace, "busy")
+        deadline = time.monotonic() + 120
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        second = run_primus("train", TINY_EXAMPLE, "exp_name=busy", "training.steps=400")
+        assert second.returncode == 2
+        assert "another launch is running this experiment (pid" in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 75  # and it stops gracefully
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a size-limited tmpfs")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("cannot mount tmpfs here")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_disk_full_fails_clearly_and_keeps_the_previous_checkpoint(run_primus, small_disk, tmp_path):
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(b"\0" * 512 * 1024)  # leaves room for one 6 MB checkpoint, not two
+    result = run_primus("train", TINY_EXAMPLE, f"workspace={small_disk}", "exp_name=full", "training.steps=4",
+                        "checkpoint.interval=2")
+    assert result.returncode == 1
+    assert "FAILED first failure: rank 0" in result.stderr and "is full" in result.stderr
+    assert "Traceback" not in result.stderr
+    checkpoints = _run_dir(small_disk, "full") / "checkpoints"
+    assert (checkpoints / "step-2" / ".metadata").exists()
+    assert not (checkpoints / "step-4" / ".metadata").exists()
+    # "free space": move the run, partial step-4 included, to a disk with room, and resume there
+    roomy = tmp_path / "roomy"
+    shutil.copytree(small_disk / "amd", roomy / "amd")
+    again = run_primus("train", TINY_EXAMPLE, f"workspace={roomy}", "exp_name=full", "training.steps=4",
+                       "checkpoint.interval=2")
+    assert again.returncode == 0, again.stderr[-2000:]
+    info = (_run_dir(roomy, "full") / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+    assert "Training starts at step 3" in info
