@@ -58,6 +58,24 @@ def ensure_venv() -> None:
     print("[setup] done", flush=True)
 
 
+# Debian packages some tests use (they skip with a reason where these cannot be installed).
+TEST_SYSTEM_PACKAGES = {"pdftoppm": "poppler-utils"}
+
+
+def ensure_test_system_packages() -> None:
+    """Best effort, as root with apt: render-the-PDF checks need poppler's pdftoppm."""
+    import shutil
+
+    missing = [pkg for tool, pkg in TEST_SYSTEM_PACKAGES.items() if shutil.which(tool) is None]
+    if not missing or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return
+    print(f"[setup] apt-get install {' '.join(missing)}", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, capture_output=True).returncode:
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, capture_output=True)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"train", "test", "setup"}:
         print(__doc__.strip(), file=sys.stderr)
@@ -72,6 +90,7 @@ def main(argv: list[str]) -> int:
         env.setdefault("PRIMUS_EXP_NAME", time.strftime("llama3_tiny-pretrain-%Y%m%d-%H%M%S"))
         demo = ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml"
         return subprocess.call([str(BIN / "primus"), "train", str(demo), *rest], env=env, cwd=ROOT)
+    ensure_test_system_packages()
     return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], env=env, cwd=ROOT)
 
 

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
+
+from primus.cli.plugins import register_optional
 
 # Backend-specific data commands, each exposing register(actions). Optional ones may be absent.
 DATA_COMMANDS = ["primus.backends.megatron.data_cli", "primus.data.diffusion.cli"]
@@ -16,14 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiny.add_argument("out", type=Path)
     tiny.add_argument("--docs", type=int, default=2000)
     tiny.set_defaults(handler=_tiny)
-    for module_name in DATA_COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
-        module.register(actions)
+    register_optional(DATA_COMMANDS, actions)
 
 
 def _tiny(args: argparse.Namespace, _overrides: list[str]) -> int:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 
 from primus import __version__
+from primus.cli.plugins import register_optional
 from primus.config.errors import ConfigError
 
 # Subcommand modules, each exposing register(subparsers). Optional ones may be absent.
@@ -26,14 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"primus {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
-        module.register(subparsers)
+    register_optional(COMMANDS, subparsers)
     return parser
 
 

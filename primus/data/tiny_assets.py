@@ -56,6 +56,12 @@ def build_tokenizer(texts: list[str], out_dir: Path, vocab_size: int = 512) -> P
     return out_dir
 
 
+def tiny_assets_dir(params: dict) -> Path | None:
+    """The ``primus.tiny_assets`` folder of a module's params, if it asks for the tiny assets."""
+    value = (params.get("primus") or {}).get("tiny_assets")
+    return Path(value).expanduser().absolute() if value else None
+
+
 def ensure_tiny_assets(root: Path, n_docs: int = 2000) -> dict[str, Path]:
     """Create ``root/tokenizer`` and ``root/corpus/data.jsonl`` once; reuse them afterwards."""
     root = Path(root)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError
+from primus.data.tiny_assets import tiny_assets_dir
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 
 if TYPE_CHECKING:
@@ -14,11 +15,6 @@ if TYPE_CHECKING:
     from primus.runtime.context import RunContext
 
 TINY_PREFIX = "megatron/tiny_text_document"  # under primus.tiny_assets
-
-
-def _tiny_assets_dir(params: dict[str, Any]) -> Path | None:
-    value = (params.get("primus") or {}).get("tiny_assets")
-    return Path(value).expanduser().absolute() if value else None
 
 
 def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] | None = None) -> dict[str, Any]:
@@ -30,7 +26,7 @@ def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] 
     params = dict(params)
     extra = params.pop("primus", None) or {}
     # the block itself is checked against primus.config.schema.PrimusOptions before launch
-    root = _tiny_assets_dir({"primus": extra})
+    root = tiny_assets_dir({"primus": extra})
     if root is not None:
         params.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / "tokenizer"),
                       data_path=[str(root / TINY_PREFIX)], mock_data=False)
@@ -53,7 +49,7 @@ class MegatronAdapter(BackendAdapter):
         return default_args()
 
     def prepare(self, module: ModuleConfig, log: Callable[[str], None]) -> None:
-        root = _tiny_assets_dir(module.params)
+        root = tiny_assets_dir(module.params)
         if root is None or (root / f"{TINY_PREFIX}.idx").exists():
             return
         from primus.data.indexed import build_indexed_dataset
@@ -81,7 +77,7 @@ class MegatronAdapter(BackendAdapter):
         return plan_inputs(module.params)
 
     def check_inputs(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
-        if _tiny_assets_dir(module.params) is not None:
+        if tiny_assets_dir(module.params) is not None:
             return  # built by prepare() before the ranks start
         params, prefix = module.params, f"modules.{module.name}"
         checks = []

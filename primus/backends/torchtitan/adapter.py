@@ -8,6 +8,7 @@ from typing import Any
 
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
+from primus.data.tiny_assets import tiny_assets_dir
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.context import RunContext
 from primus.runtime.flops import dense_decoder_flops_per_token
@@ -15,14 +16,9 @@ from primus.runtime.metrics import StepReport
 from primus.runtime.preemption import Preempted
 
 
-def _tiny_assets_dir(params: dict[str, Any]) -> Path | None:
-    value = (params.get("primus") or {}).get("tiny_assets")
-    return Path(value).expanduser().absolute() if value else None
-
-
 def _with_tiny_assets(params: dict[str, Any], derived: list[tuple[str, Any, str]] | None = None) -> dict[str, Any]:
     """Point the tokenizer and dataset at the locally built tiny assets, when asked to."""
-    root = _tiny_assets_dir(params)
+    root = tiny_assets_dir(params)
     if root is None:
         return params
     params = {**params, "dataloader": {**(params.get("dataloader") or {})}}
@@ -115,7 +111,7 @@ class TorchTitanAdapter(BackendAdapter):
         return {"attn_backend": "auto", "metrics": {"log_freq": 1}, "checkpoint": {"folder": "checkpoints"}}
 
     def prepare(self, module: ModuleConfig, log: Callable[[str], None]) -> None:
-        root = _tiny_assets_dir(module.params)
+        root = tiny_assets_dir(module.params)
         if root is not None and not (root / "corpus" / "data.jsonl").exists():
             from primus.data.tiny_assets import ensure_tiny_assets
 
@@ -164,7 +160,7 @@ class TorchTitanAdapter(BackendAdapter):
 
     def check_inputs(self, module: ModuleConfig, provenance: Provenance) -> None:
         params = module.params
-        if _tiny_assets_dir(params) is not None:
+        if tiny_assets_dir(params) is not None:
             return  # built by prepare() before the ranks start
         prefix = f"modules.{module.name}"
         dataloader = params.get("dataloader") or {}
