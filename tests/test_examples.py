@@ -1,10 +1,11 @@
 """Every shipped example experiment resolves and passes the engine's own validation."""
-import importlib.metadata
 import subprocess
 import sys
 
 import pytest
 import yaml
+
+from primus.cli.main import main
 
 from tests.conftest import ROOT
 
@@ -21,11 +22,12 @@ def test_there_are_examples_for_the_default_backend():
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
-def test_example_validates(example):
-    result = subprocess.run([sys.executable, "-m", "primus.cli.main", "config", "validate", str(example)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("OK ")
+def test_example_validates(example, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # in-process: each engine is imported once for all examples
+    code = main(["config", "validate", str(example)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.startswith("OK ")
 
 
 def test_missing_data_path_is_refused_before_launch(tmp_path):
