@@ -1,43 +1,102 @@
-"""``primus train EXP [overrides] [--nproc-per-node N] [--dry-run] [--resume | --no-resume]``."""
+"""``primus train EXP [overrides] [--nproc-per-node N] [--slurm|--srun|--container IMAGE] [--dry-run] [-- SBATCH FLAGS]``."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 
+def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
+    """Executor flags shared by ``train`` and ``preflight`` (they override the ``launcher:`` files)."""
+    group = parser.add_argument_group("launcher", "override the launcher: section of ~/.primus.yaml and "
+                                                  "./.primus.yaml (or --launcher-config)")
+    choice = group.add_mutually_exclusive_group()
+    choice.add_argument("--executor", choices=["local", "multi-node", "slurm", "srun", "container"],
+                        help="how to run (default: container if an image is set, multi-node if NNODES > 1, else local)")
+    choice.add_argument("--slurm", dest="executor", action="store_const", const="slurm",
+                        help="submit a Slurm batch job (one task per node); extra sbatch flags after --")
+    choice.add_argument("--srun", dest="executor", action="store_const", const="srun",
+                        help="run as a job step inside an existing Slurm allocation")
+    group.add_argument("--launcher-config", metavar="FILE", help="project launcher file (default ./.primus.yaml)")
+    group.add_argument("--nproc-per-node", type=int, help="processes on this node (env GPUS_PER_NODE, default 1)")
+    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=int, help="nodes in the job (env NNODES)")
+    group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK, default 0)")
+    group.add_argument("--master-addr", help="rendezvous host = node 0 (env MASTER_ADDR)")
+    group.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT)")
+    group.add_argument("--rdzv-id", help="rendezvous / attempt id shared by all nodes (env PRIMUS_JOB_ID)")
+    group.add_argument("--rdzv-timeout", type=int, help="seconds for every node to join (default 300)")
+    group.add_argument("--local-addr", help="this node's address for worker traffic (default: its hostname)")
+    group.add_argument("--partition", help="Slurm partition")
+    group.add_argument("--time", help="Slurm time limit")
+    group.add_argument("--account", help="Slurm account")
+    group.add_argument("--gpus-per-node", type=int, help="Slurm GPUs per node (also processes per node)")
+    group.add_argument("--container", metavar="IMAGE", help="run inside this image (docker, podman or apptainer)")
+    group.add_argument("--container-engine", choices=["auto", "docker", "podman", "apptainer"])
+    group.add_argument("--container-env-secrets", action="store_const", const=True,
+                       help="also pass *_TOKEN/*_KEY/*_SECRET/*PASSWORD* variables into the container")
+    if train:
+        group.add_argument("--max-restarts", type=int,
+                           help="restart failed workers up to K times (torchelastic); they resume from the latest "
+                                "checkpoint")
+        group.add_argument("--no-shared-fs", dest="shared_fs", action="store_const", const=False,
+                           help="nodes > 0 write their own copy of the run dir instead of waiting for node 0's")
+        group.add_argument("--run-dir-timeout", type=int, help="seconds a node > 0 waits for node 0's run dir")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train", allow_abbrev=False, help="train an experiment",
-        description="Resolve EXP (+ key=value / --key value overrides) and train it.",
+        description="Resolve EXP (+ key=value / --key value overrides) and train it, here, on N nodes, "
+                    "through Slurm or in a container.",
     )
     parser.add_argument("exp", help="experiment YAML")
     parser.add_argument("--module", help="module to run (default: pre_trainer)")
-    parser.add_argument("--nproc-per-node", type=int, help="processes on this node (env GPUS_PER_NODE, default 1)")
-    parser.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES, default 1)")
-    parser.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK, default 0)")
-    parser.add_argument("--master-addr", help="rendezvous host (env MASTER_ADDR)")
-    parser.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT; free port if unset)")
     resume = parser.add_mutually_exclusive_group()
     resume.add_argument("--resume", dest="resume", action="store_const", const="always", default="auto",
                         help="continue the existing run even if it completed (default: resume an interrupted "
                              "run automatically, refuse a completed one)")
     resume.add_argument("--no-resume", dest="resume", action="store_const", const="never",
                         help="refuse to touch an existing run directory")
-    parser.add_argument("--max-restarts", type=int, default=0,
-                        help="restart failed workers up to K times (torchelastic); they resume from the latest checkpoint")
-    parser.add_argument("--dry-run", action="store_true", help="print the resolved summary and process command")
+    parser.add_argument("--dry-run", action="store_true", help="print what would run (command lines or the "
+                                                               "sbatch script) and exit")
+    add_launcher_flags(parser, train=True)
     parser.set_defaults(handler=_train, accepts_overrides=True)
 
 
-def _train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from primus.config.resolve import resolve_experiment
-    from primus.launch.job import run_training_job, select_module
-    from primus.launch.local import LaunchPlan
-    from primus.runtime.registry import backend_defaults
+def _train(args: argparse.Namespace, extras: list[str]) -> int:
+    from pathlib import Path
 
+    from primus.config.errors import ConfigError
+    from primus.config.resolve import resolve_experiment
+    from primus.launch import executors
+    from primus.launch.job import run_training_job, select_module, validate_module
+    from primus.launch.multinode import plan_from_config
+    from primus.runtime.registry import backend_defaults
+    from primus.runtime.rundir import decide_resume, run_dir_of
+
+    overrides, sbatch_extra = executors.split_passthrough(extras, sys.argv[1:])
+    config, _ = executors.launcher_from_args(args)
+    executor = config.resolved_executor()
+    if sbatch_extra and executor != "slurm":
+        raise ConfigError(f"flags after --: {' '.join(sbatch_extra)} are sbatch flags (use with --slurm)")
     resolved = resolve_experiment(args.exp, overrides, backend_defaults)
     module = select_module(resolved, args.module)
-    plan = LaunchPlan.from_env(args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port,
-                               max_restarts=args.max_restarts)
-    return run_training_job(resolved, module, plan, resume=args.resume, dry_run=args.dry_run,
-                            argv=["primus", *sys.argv[1:]])
+    if executor in ("local", "multi-node"):
+        return run_training_job(resolved, module, plan_from_config(config), resume=args.resume,
+                                dry_run=args.dry_run, argv=["primus", *sys.argv[1:]])
+
+    passthrough = [*(["--module", args.module] if args.module else []),
+                   *({"always": ["--resume"], "never": ["--no-resume"]}.get(args.resume, []))]
+    request = executors.NodeRequest("train", [str(Path(args.exp).absolute())], overrides, passthrough,
+                                    args.launcher_config)
+    run_dir = run_dir_of(resolved.spec)
+    if executor == "container":
+        return executors.run_container(request, config, workspace=run_dir.parents[2], dry_run=args.dry_run,
+                                       name=f"primus-{resolved.spec.exp_name}-{config.node_rank or 0}")
+    if not config.wraps_container:  # fail before queueing: the engine must accept every key
+        validate_module(resolved, module)
+    if not args.dry_run:
+        decide_resume(run_dir, args.resume)  # refuse a completed run now, not after the queue wait
+    if executor == "srun":
+        return executors.run_srun(request, config, dry_run=args.dry_run)
+    return executors.run_slurm(request, config, run_dir=run_dir, exp_name=resolved.spec.exp_name,
+                               extra_sbatch=sbatch_extra, dry_run=args.dry_run)

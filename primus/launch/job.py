@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 from primus.config.errors import ConfigError
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
+from primus.config.schema import PrimusOptions, validate_model
 from primus.launch.local import LaunchPlan, launch_workers
+from primus.launch.multinode import PeerWatch, is_follower, run_follower_node
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER
@@ -30,6 +33,8 @@ def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, che
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
     adapter.require_installed()
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
+    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,
+                   f"modules.{module.name}.primus")
     config = ModuleConfig(module.name, module.framework, stage, module.params)
     adapter.validate(config, resolved.provenance)
     if check_paths:
@@ -40,6 +45,8 @@ def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, che
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: str, dry_run: bool, argv: list[str]) -> int:
     adapter = validate_module(resolved, module, check_paths=True)
+    adapter.check_world_size(ModuleConfig(module.name, module.framework, module.stage, module.params),
+                             plan.world_size, resolved.provenance)
     run_dir = run_dir_of(resolved.spec)
     plan.with_port()
     payload_path = run_dir / "launch.json"
@@ -50,29 +57,35 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
         print(f"processes:  {plan.world_size} ({plan.nnodes} node(s) x {plan.nproc_per_node})")
         print(f"command:    {plan.describe(TRAIN_TARGET, payload_path)}")
         return 0
+    if is_follower(plan):  # multi-node: node 0 owns the run dir (primus/launch/multinode.py)
+        return run_follower_node(resolved, module, adapter, plan, run_dir, resume)
     make_run_dir(run_dir)
     with RunDirLock(run_dir):
         resuming = decide_resume(run_dir, resume)
         config = ModuleConfig(module.name, module.framework, module.stage, module.params)
         adapter.prepare(config, lambda message: print(f"[primus] {message}", flush=True))
         config_hash = write_resolved_config(run_dir, resolved.redacted_tree())
-        payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming}))
+        payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming,
+                                            "attempt": plan.rdzv_id}))
         (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
         manifest = start_manifest(run_dir, engine=module.framework, engine_version=adapter.installed_version(),
                                   world_size=plan.world_size, config_hash=config_hash, argv=argv)
         print(f"[primus] {'resuming' if resuming else 'starting'} {resolved.spec.exp_name} -> {run_dir}", flush=True)
         exit_code, failures = 1, ["launcher interrupted"]
         try:
-            result = launch_workers(TRAIN_TARGET, payload_path, plan)
-            exit_code, failures = result.exit_code, result.failures
+            with PeerWatch(run_dir, plan) as peers:  # multi-node: name a lost peer on failure
+                result = launch_workers(TRAIN_TARGET, payload_path, plan)
+                lost = peers.lost_peers() if result.exit_code != 0 else []
+            exit_code, failures = result.exit_code, lost + result.failures
             if exit_code != 0 and (run_dir / PREEMPTED_MARKER).exists():
                 exit_code, failures = PREEMPTED_EXIT, []
         finally:
-            finish_manifest(run_dir, manifest, exit_code)
-            if plan.node_rank == 0:
-                _plot(run_dir)
+            _record_end(run_dir, manifest, exit_code, plan.node_rank == 0)
     for line in failures:
         print(f"[primus] FAILED {line} (see {run_dir / 'logs' / module.name}/rank-*/error.log)", file=sys.stderr)
+    if exit_code not in (0, PREEMPTED_EXIT) and shutil.disk_usage(run_dir).free < 16 * 2**20:
+        print(f"[primus] the disk holding {run_dir} is full ({shutil.disk_usage(run_dir).free} bytes free): "
+              "free space, then run the same command to resume from the last complete checkpoint", file=sys.stderr)
     if exit_code == PREEMPTED_EXIT:
         print(f"[primus] preempted: checkpoint saved; run the same command again to resume ({run_dir})", flush=True)
     else:
@@ -80,10 +93,15 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
     return exit_code
 
 
-def _plot(run_dir: Path) -> None:
+def _record_end(run_dir: Path, manifest: dict, exit_code: int, plot: bool) -> None:
+    """Manifest status and plot; a full or read-only disk is reported, never masks the run's own error."""
     try:
-        from primus.runtime.plot import plot_metrics
+        finish_manifest(run_dir, manifest, exit_code)
+        if plot:
+            from primus.runtime.plot import plot_metrics
 
-        plot_metrics(run_dir)
+            plot_metrics(run_dir)
     except ImportError:
         print("[primus] matplotlib not installed: no metrics.png", file=sys.stderr)
+    except OSError as exc:
+        print(f"[primus] cannot record the end of the run in {run_dir}: {exc.strerror}", file=sys.stderr)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
 import sys
 import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,12 @@ class LaunchPlan:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     max_restarts: int = 0
+    # multi-node (nnodes > 1): c10d rendezvous on master_addr:master_port, hosted by node 0
+    rdzv_id: str = "primus"
+    rdzv_timeout: int = 300
+    local_addr: str | None = None
+    shared_fs: bool = True
+    run_dir_timeout: int = 300
 
     @property
     def world_size(self) -> int:
@@ -62,11 +70,15 @@ class LaunchPlan:
         return self
 
     def torchrun_args(self, target: str, payload_path: Path) -> list[str]:
-        args = [
-            f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}", f"--node-rank={self.node_rank}",
-            f"--master-addr={self.master_addr}", f"--master-port={self.master_port}",
-            f"--max-restarts={self.max_restarts}",
-        ]
+        args = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}"]
+        if self.nnodes > 1:  # c10d assigns node ranks; node 0 hosts the store (multinode.py)
+            from primus.launch.multinode import rendezvous_args
+
+            args += rendezvous_args(self)
+        else:
+            args += [f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",
+                     f"--master-port={self.master_port}"]
+        args.append(f"--max-restarts={self.max_restarts}")
         return [*args, "-m", WORKER_MODULE, target, str(payload_path)]
 
     def command(self, target: str, payload_path: Path) -> list[str]:
@@ -108,19 +120,50 @@ def launch_workers(target: str, payload: dict[str, Any] | Path, plan: LaunchPlan
         _single_process_env(plan)
         try:
             return LaunchResult(run_target(target, json.loads(payload_path.read_text())), [])
-        except Exception as exc:  # the worker logged the traceback into its error.log
-            return LaunchResult(1, [f"rank 0 (in-process) on {socket.gethostname()}: {type(exc).__name__}: {exc}"])
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # (DCP's CheckpointException is a BaseException) logged in error.log
+            text = "".join(traceback.format_exception(exc))
+            return LaunchResult(1, [f"first failure: rank 0 (in-process) on {socket.gethostname()}: "
+                                    f"{summarize_error(text)}"])
     return _torchrun(plan, target, payload_path)
+
+
+_OS_ERROR = re.compile(r"(?:\w*Error): \[Errno \d+\] [^\n]*")
+
+
+def summarize_error(text: str) -> str:
+    """One line for a failure: an OS error anywhere in the chain (disk full, permission) is
+    the clearest cause; otherwise the last line of the traceback."""
+    found = _OS_ERROR.findall(text)
+    if found:
+        return found[-1].strip()
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _consequence_rank(failure) -> tuple:
+    """Sort key putting the root cause first: ranks the agent SIGTERMed, or that only lost a
+    peer's connection, failed because of another rank; otherwise earliest first."""
+    message = failure.message if isinstance(failure.message, str) else str(failure.message or "")
+    stopped_by_agent = failure.exitcode == -signal.SIGTERM
+    lost_peer = "by peer" in message or "Connection closed" in message
+    return (stopped_by_agent or lost_peer, failure.timestamp)
 
 
 def _torchrun(plan: LaunchPlan, target: str, payload_path: Path) -> LaunchResult:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(plan.torchrun_args(target, payload_path))
     try:
         run(args)
+    except RendezvousError as err:  # a node that never arrived, a wrong address, a port in use
+        from primus.launch.multinode import describe_rendezvous_error
+
+        return LaunchResult(1, [describe_rendezvous_error(err, plan)])
     except SignalException as stop:
         # torchelastic forwarded the signal to the workers and waited for them to exit
         name = signal.Signals(stop.sigval).name
@@ -128,14 +171,13 @@ def _torchrun(plan: LaunchPlan, target: str, payload_path: Path) -> LaunchResult
     except ChildFailedError as err:
         host = socket.gethostname()
         lines = []
-        # earliest failure first: later ones are usually peers losing their connection to it
-        ordered = sorted(err.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+        ordered = sorted(err.failures.items(), key=lambda item: _consequence_rank(item[1]) + (item[0],))
         for position, (global_rank, failure) in enumerate(ordered):
             cause = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
             message = failure.message if isinstance(failure.message, str) else (failure.message or {}).get("message", "")
-            last = (message or "").strip().splitlines()
+            summary = summarize_error(message or "")
             role = "first failure" if position == 0 else "then"
             lines.append(f"{role}: rank {global_rank} (local {failure.local_rank}) on {host}: {cause}"
-                         + (f": {last[-1]}" if last else ""))
+                         + (f": {summary}" if summary else ""))
         return LaunchResult(1, lines)
     return LaunchResult(0, [])

@@ -30,11 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pre.add_argument("--report-dir", help="where rank 0 writes the report (default output/preflight/<time>)")
     pre.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     pre.add_argument("--module", help="module of EXP to check (default: pre_trainer)")
-    pre.add_argument("--nproc-per-node", type=int, help="processes on this node (env GPUS_PER_NODE, default 1)")
-    pre.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES, default 1)")
-    pre.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK, default 0)")
-    pre.add_argument("--master-addr", help="rendezvous host (env MASTER_ADDR)")
-    pre.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT)")
+    pre.add_argument("--dry-run", action="store_true", help="print what would run and exit")
+    from primus.cli.train import add_launcher_flags
+
+    add_launcher_flags(pre, train=False)  # --slurm/--srun/--container/-N ...: the same path as train
     pre.set_defaults(handler=_preflight, accepts_overrides=True)
 
     plan = subparsers.add_parser(
@@ -51,12 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _device_names() -> list[str]:
-    from primus.preflight.estimate import DEVICE_MEMORY_GIB
+    from primus.runtime.flops import DEVICE_MEMORY_GIB  # not estimate: --help must not import pydantic
 
     return sorted(DEVICE_MEMORY_GIB)
 
 
-def load_experiment(path: str, overrides: list[str], module_name: str | None):
+def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
     """(LlamaModelSpec, ParallelLayout) of one module of an experiment, through its backend adapter."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import select_module
@@ -70,7 +69,7 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None):
     if describe is None:
         raise ConfigError(f"backend '{module.framework}' cannot describe its model and parallel layout for "
                           "planning yet (BackendAdapter.plan_inputs)")
-    return describe(ModuleConfig(module.name, module.framework, module.stage, module.params))
+    return describe(ModuleConfig(module.name, module.framework, module.stage, module.params), world_size)
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -90,16 +89,42 @@ def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = 
 def _preflight(args: argparse.Namespace, overrides: list[str]) -> int:
     if overrides and not args.exp:
         raise ConfigError(f"overrides {' '.join(overrides)} given without an experiment")
+    from pathlib import Path
+
+    from primus.launch import executors
+    from primus.launch.local import launch_workers
+    from primus.launch.multinode import plan_from_config
+
+    overrides, sbatch_extra = executors.split_passthrough(overrides, sys.argv[1:])
+    config, _ = executors.launcher_from_args(args)
+    executor = config.resolved_executor()
     experiment = None
-    if args.exp:
-        model, layout = load_experiment(args.exp, overrides, args.module)
+    if args.exp:  # the layout is judged against the job's world size (shard -1 fills it)
+        model, layout = load_experiment(args.exp, overrides, args.module, plan_from_config(config).world_size)
         experiment = {"model": model.model_dump(), "layout": layout.to_dict()}
     options = build_options(args, experiment)
-    from primus.launch.local import LaunchPlan, launch_workers
-
-    plan = LaunchPlan.from_env(args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port)
-    result = launch_workers("primus.preflight.worker:worker_main", options, plan)
-    return result.exit_code
+    if executor in ("local", "multi-node"):
+        plan = plan_from_config(config).with_port()
+        if args.dry_run:
+            print(f"command:    {plan.describe('primus.preflight.worker:worker_main', Path('<options.json>'))}")
+            return 0
+        return launch_workers("primus.preflight.worker:worker_main", options, plan).exit_code
+    # every node runs the same preflight, writing one report (rank 0) into one absolute directory
+    report_dir = Path(options["report_dir"]).absolute()
+    passthrough = ["--report-dir", str(report_dir), "--timeout", str(args.timeout)]
+    for flag in ("checks", "tests", "sizes", "thresholds", "module"):
+        if getattr(args, flag):
+            passthrough += [f"--{flag}", str(getattr(args, flag))]
+    if args.quick:
+        passthrough.append("--quick")
+    request = executors.NodeRequest("preflight", [str(Path(args.exp).absolute())] if args.exp else [], overrides,
+                                    passthrough, args.launcher_config)
+    if executor == "container":
+        return executors.run_container(request, config, workspace=report_dir, dry_run=args.dry_run)
+    if executor == "srun":
+        return executors.run_srun(request, config, dry_run=args.dry_run)
+    return executors.run_slurm(request, config, run_dir=report_dir, exp_name="preflight",
+                               extra_sbatch=sbatch_extra, dry_run=args.dry_run)
 
 
 def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False) -> tuple[str, int]:

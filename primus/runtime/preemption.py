@@ -28,7 +28,8 @@ class StopSignal:
 
     A rank that does not reach a step boundary within ``grace_s`` (stuck in a collective with
     a dead peer, or still starting up) exits anyway, before the launcher's SIGKILL (30 s), so
-    a graceful stop can never turn into a hang. A second signal exits at once.
+    a graceful stop can never turn into a hang. Repeated signals (Slurm and srun and the node's
+    launcher may each forward one) do not cut the grace short.
     """
 
     def __init__(self, grace_s: float | None = None) -> None:
@@ -42,7 +43,7 @@ class StopSignal:
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signal_name is not None:
-            os._exit(128 + signum)
+            return
         self.signal_name = signal.Signals(signum).name
         timer = threading.Timer(self.grace_s, os._exit, args=(128 + signum,))
         timer.daemon = True

@@ -1,0 +1,44 @@
+"""The tiny experiment trains inside real containers: podman (rootful, offline, the host root
+as an overlay rootfs) and docker (a private dockerd, a locally imported minimal image with
+/usr bind-mounted). Logs land in the mounted workspace."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE, write
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
+pytest.importorskip("torchtitan")
+
+
+def _train_in_container(tmp_path, tiny_cache, engine_env, launcher_yaml, exp, *args):
+    launcher = write(tmp_path / "launcher.yaml", launcher_yaml)
+    env = {**os.environ, **engine_env, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tiny_cache),
+           "PRIMUS_USER_CONFIG": "/nonexistent", "PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_must_stay_outside"}
+    out = subprocess.run(["timeout", "-k", "10", "300", *PRIMUS, "train", str(TINY_EXAMPLE), f"exp_name={exp}",
+                          "training.steps=2", "--launcher-config", str(launcher), *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=330)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = tmp_path / "ws" / "amd" / "root" / exp
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").stat().st_size > 0
+    assert "not passing secret variables HF_TOKEN" in out.stderr
+    return out, json.loads((run_dir / "manifest.json").read_text())
+
+
+def test_podman_runs_the_tiny_experiment(podman_env, tmp_path, tiny_cache):
+    out, manifest = _train_in_container(
+        tmp_path, tiny_cache, podman_env,
+        "launcher:\n  container:\n    engine: podman\n    image: '/:O'\n    run_args: ['--rootfs']\n", "podman1",
+        "--executor", "container")
+    assert "running in podman" in out.stdout and manifest["status"] == "completed"
+
+
+def test_docker_runs_the_tiny_experiment(docker_env, tmp_path, tiny_cache):
+    out, manifest = _train_in_container(
+        tmp_path, tiny_cache, docker_env,
+        "launcher:\n  container:\n    engine: docker\n    mounts: ['/usr:/usr:ro']\n", "docker1",
+        "--container", "localhost/primus-host:latest")
+    assert "running in docker" in out.stdout and manifest["status"] == "completed"
