@@ -41,21 +41,9 @@ from typing import Any
 from primus.config.errors import ConfigError, did_you_mean
 from primus.config.model_spec import LlamaModelSpec
 from primus.preflight.layout import DTYPE_BYTES, ParallelLayout
-from primus.runtime.flops import PEAK_TFLOPS, dense_decoder_flops_per_token, device_key
+from primus.runtime.flops import DEVICE_MEMORY_GIB, PEAK_TFLOPS, dense_decoder_flops_per_token, device_key
 
 GIB = 1024**3
-
-# Device memory per accelerator, GiB as the runtime reports it (vendor data sheets).
-DEVICE_MEMORY_GIB: dict[str, float] = {
-    "a100": 80.0,
-    "h100": 80.0,
-    "h200": 141.0,
-    "b200": 180.0,
-    "mi300x": 192.0,
-    "mi325x": 256.0,
-    "mi355x": 288.0,
-}
-
 
 def device_memory_bytes(device: str) -> int:
     """Memory of a named device (``mi355x``, ``h100``, or a full name such as ``NVIDIA H100 80GB HBM3``)."""

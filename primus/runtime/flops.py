@@ -26,6 +26,18 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
+# Device memory per accelerator, GiB as the runtime reports it (vendor data sheets).
+DEVICE_MEMORY_GIB: dict[str, float] = {
+    "a100": 80.0,
+    "h100": 80.0,
+    "h200": 141.0,
+    "b200": 180.0,
+    "mi300x": 192.0,
+    "mi325x": 256.0,
+    "mi355x": 288.0,
+}
+
+
 def dense_decoder_flops_per_token(
     *, n_layers: int, dim: int, seq_len: int, matmul_params: int, causal: bool = True
 ) -> float:

@@ -61,6 +61,11 @@ class MegatronAdapter(BackendAdapter):
 
     def validate(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
         from primus.backends.megatron.arguments import parse_args
+        from primus.config.provenance import Provenance
+        from primus.config.schema import PrimusOptions, validate_model
+
+        validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
+                       f"modules.{module.name}.primus")
 
         parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
 
@@ -70,11 +75,11 @@ class MegatronAdapter(BackendAdapter):
         args = parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
         check_parallel_layout(args, world_size, module=module.name)
 
-    def plan_inputs(self, module: ModuleConfig):
+    def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
         """(LlamaModelSpec, ParallelLayout) for ``primus plan`` from Megatron-LM arguments."""
         from primus.backends.megatron.plan import plan_inputs
 
-        return plan_inputs(module.params)
+        return plan_inputs(module.params, world_size)
 
     def check_inputs(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
         if tiny_assets_dir(module.params) is not None:

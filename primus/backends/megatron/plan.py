@@ -7,7 +7,7 @@ from typing import Any
 from primus.config.model_spec import LlamaModelSpec
 
 
-def plan_inputs(params: dict[str, Any]):
+def plan_inputs(params: dict[str, Any], world_size: int | None = None):
     """The neutral ``model:`` block when present, overridden by explicit Megatron shape args."""
     from primus.backends.megatron.adapter import megatron_params
     from primus.backends.megatron.arguments import parse_args
@@ -23,7 +23,8 @@ def plan_inputs(params: dict[str, Any]):
         "max_seq_len": args.max_position_embeddings or args.seq_length,
         "tie_embeddings": not args.untie_embeddings_and_output_weights,
     })
-    world = int(os.environ.get("WORLD_SIZE") or int(os.environ.get("GPUS_PER_NODE", "1")) * int(os.environ.get("NNODES", "1")))
+    world = world_size or int(os.environ.get("WORLD_SIZE") or
+                              int(os.environ.get("GPUS_PER_NODE", "1")) * int(os.environ.get("NNODES", "1")))
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     dp = max(1, world // (tp * pp))
     return model, ParallelLayout(

@@ -44,7 +44,8 @@ def expand_path(value: str) -> str:
 
 def tiny_assets_of(params: Mapping[str, Any]) -> str | None:
     """``primus.tiny_assets`` (the common Primus block), or the older top-level ``tiny_assets``."""
-    return (params.get("primus") or {}).get("tiny_assets") or params.get("tiny_assets")
+    block = params.get("primus")
+    return (block.get("tiny_assets") if isinstance(block, Mapping) else None) or params.get("tiny_assets")
 
 
 def split_primus_keys(params: Mapping[str, Any]) -> Handoff:

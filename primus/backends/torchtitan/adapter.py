@@ -205,8 +205,8 @@ class TorchTitanAdapter(BackendAdapter):
             if dist.is_initialized():
                 dist.destroy_process_group()
 
-    def plan_inputs(self, module: ModuleConfig):
+    def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
         """(LlamaModelSpec, ParallelLayout) for ``primus plan`` / preflight's experiment checks."""
         from primus.backends.torchtitan.plan import plan_inputs
 
-        return plan_inputs(module.params)
+        return plan_inputs(module.params, world_size)

@@ -7,15 +7,18 @@ from typing import Any
 from primus.config.model_spec import LlamaModelSpec
 
 
-def _world_size() -> int:
+def _world_size(given: int | None = None) -> int:
+    if given:
+        return given
     if os.environ.get("WORLD_SIZE"):
         return int(os.environ["WORLD_SIZE"])
     return int(os.environ.get("GPUS_PER_NODE", "1")) * int(os.environ.get("NNODES", "1"))
 
 
-def plan_inputs(params: dict[str, Any]):
+def plan_inputs(params: dict[str, Any], world_size: int | None = None):
     """(LlamaModelSpec, ParallelLayout). ``data_parallel_shard_degree: -1`` fills the world
-    (``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``, else 1), as TorchTitan does at start-up."""
+    (``world_size`` when the launcher knows it, else ``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``,
+    else 1), as TorchTitan does at start-up."""
     from primus.preflight.layout import ParallelLayout
 
     model = LlamaModelSpec(**params["model"])
@@ -27,7 +30,7 @@ def plan_inputs(params: dict[str, Any]):
     replicate = parallel.get("data_parallel_replicate_degree", 1)
     shard = parallel.get("data_parallel_shard_degree", -1)
     if shard < 1:
-        shard = max(1, _world_size() // (tp * pp * cp * replicate))
+        shard = max(1, _world_size(world_size) // (tp * pp * cp * replicate))
     mode = (params.get("activation_checkpoint") or {}).get("mode", "selective")
     global_batch = training.get("global_batch_size", -1)
     return model, ParallelLayout(
