@@ -1,0 +1,1 @@
+"""Bare-engine drivers: the same model, data and native config as the Primus run, engine API only."""
