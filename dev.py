@@ -50,10 +50,10 @@ def ensure_venv() -> None:
         return
     print("[setup] installing pinned requirements (torch CPU build, engines, test tools)", flush=True)
     requirements = [arg for name in REQUIREMENT_FILES for arg in ("-r", str(REQ / name))]
-    _pip("install", "-q", "-c", str(REQ / "constraints.txt"), *requirements)
-    _pip("install", "-q", "--no-deps", "--no-build-isolation", "-e", str(ROOT))
+    _pip("install", "-qq", "-c", str(REQ / "constraints.txt"), *requirements)
+    _pip("install", "-qq", "--no-deps", "--no-build-isolation", "-e", str(ROOT))
     for extra in PREPARED_EXTRAS:
-        subprocess.run([str(BIN / "python"), "-m", "primus.cli.main", "prepare", extra], check=True)
+        subprocess.run([str(BIN / "python"), "-m", "primus.cli.main", "prepare", extra, "--quiet"], check=True)
     STAMP.write_text(fingerprint)
     print("[setup] done", flush=True)
 

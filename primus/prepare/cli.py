@@ -7,7 +7,7 @@ from primus.prepare.pip import EXTRAS, prepare
 
 
 def _run(args: argparse.Namespace, _overrides: list[str] | None = None) -> int:
-    return prepare(args.extra, dry_run=args.dry_run, force=args.force)
+    return prepare(args.extra, dry_run=args.dry_run, force=args.force, quiet=args.quiet)
 
 
 def register(subparsers) -> None:
@@ -18,4 +18,5 @@ def register(subparsers) -> None:
     p.add_argument("extra", choices=sorted(EXTRAS))
     p.add_argument("--dry-run", action="store_true", help="print the pip commands and the constraint file")
     p.add_argument("--force", action="store_true", help="run pip even when the pins are already installed")
+    p.add_argument("--quiet", action="store_true", help="only pip's errors")
     p.set_defaults(handler=_run)

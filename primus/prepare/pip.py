@@ -78,8 +78,9 @@ def missing(p: Plan) -> dict[str, str]:
     return out
 
 
-def pip_commands(p: Plan, constraint_file: Path, python: str = sys.executable) -> list[list[str]]:
-    base = [python, "-m", "pip", "install", "--disable-pip-version-check", "-c", str(constraint_file)]
+def pip_commands(p: Plan, constraint_file: Path, python: str = sys.executable, quiet: bool = False) -> list[list[str]]:
+    base = [python, "-m", "pip", "install", "--disable-pip-version-check", *(["-qq"] if quiet else []),
+            "-c", str(constraint_file)]
     commands = []
     if p.requirements:
         commands.append([*base, *p.requirements])
@@ -88,7 +89,7 @@ def pip_commands(p: Plan, constraint_file: Path, python: str = sys.executable) -
     return commands
 
 
-def prepare(extra: str, *, dry_run: bool = False, force: bool = False, out=print) -> int:
+def prepare(extra: str, *, dry_run: bool = False, force: bool = False, quiet: bool = False, out=print) -> int:
     """Install ``extra``'s pinned stack under a constraint freezing the installed torch family."""
     p = plan(extra)
     todo = missing(p)
@@ -98,7 +99,7 @@ def prepare(extra: str, *, dry_run: bool = False, force: bool = False, out=print
     with tempfile.TemporaryDirectory(prefix="primus-prepare-") as tmp:
         constraint = Path(tmp) / "constraints.txt"
         constraint.write_text("".join(f"{line}\n" for line in p.frozen))
-        commands = pip_commands(p, constraint)
+        commands = pip_commands(p, constraint, quiet=quiet)
         if dry_run:
             out(f"# to install: {', '.join(f'{k} ({v})' for k, v in sorted(todo.items())) or 'nothing (forced)'}")
             out(f"# constraint file {constraint} (keeps the installed torch family):")
