@@ -65,7 +65,7 @@ class StepTap:
         device = self.recipe.device if backend == "nccl" else torch.device("cpu")
         local_loss = torch.stack(self._losses).mean() if self._losses else torch.tensor(float("nan"))
         totals = torch.tensor([float(local_loss), float(self._samples), 1.0], dtype=torch.float64, device=device)
-        if dist.is_initialized():
+        if dist.is_initialized() and self._world > 1:
             dist.all_reduce(totals)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
