@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +32,16 @@ def run_primus(workspace, tiny_cache):
     def run(*args: str, env: dict[str, str] | None = None, timeout: int = 300, cwd: Path = ROOT):
         full_env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache),
                     "PYTHONUNBUFFERED": "1", **(env or {})}
-        return subprocess.run([*PRIMUS, *map(str, args)], cwd=cwd, env=full_env, capture_output=True,
-                              text=True, timeout=timeout)
+        # own process group: on a timeout the launcher AND its workers go, no orphans for later tests
+        process = subprocess.Popen([*PRIMUS, *map(str, args)], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
     return run
 

@@ -66,10 +66,12 @@ def test_sigterm_checkpoints_exits_75_and_resume_reproduces_the_run(run_primus, 
 @pytest.mark.xfail(strict=False, reason=(
     "known, open: on 2 loaded CPU cores the restarted group sometimes stalls in gloo's "
     "connectFullMesh (rank 0 of the new attempt stops answering, rank 1 gets 'Connection refused'); "
-    "about 1 run in 3 here. c10d rendezvous for restarts was tried and hung instead."))
+    "about 1 run in 3 here, more under heavy load, where even the first attempt's process-group "
+    "init can stall. c10d rendezvous for restarts was tried and hung instead."))
 def test_max_restarts_recovers_a_killed_worker_from_its_checkpoint(run_primus, workspace):
     result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "--max-restarts", "1", "exp_name=restart",
-                        "training.steps=6", "checkpoint.interval=2", env={"PRIMUS_FAULT_INJECT": "kill@rank1:step3"})
+                        "training.steps=6", "checkpoint.interval=2", env={"PRIMUS_FAULT_INJECT": "kill@rank1:step3"},
+                        timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = _run_dir(workspace, "restart")
     manifest = json.loads((run_dir / "manifest.json").read_text())
