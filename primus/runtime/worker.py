@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,28 @@ def run_target(target: str, payload: dict[str, Any]) -> int:
     return int(function(payload) or 0)
 
 
+def die_with_parent() -> None:
+    """Linux: SIGKILL this worker when its launcher dies, whatever killed the launcher. A worker
+    stuck in a C-level collective cannot run Python signal handlers, so without this a launcher
+    killed by a timeout would leave it running forever (and squatting on its ports)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        return
+    if os.getppid() == 1:  # the launcher died before we got here
+        os._exit(137)
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    die_with_parent()
     argv = sys.argv[1:] if argv is None else argv
     target, payload_path = argv[0], Path(argv[1])
     payload = json.loads(payload_path.read_text())

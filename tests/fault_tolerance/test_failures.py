@@ -143,3 +143,21 @@ def test_disk_full_fails_clearly_and_keeps_the_previous_checkpoint(run_primus, s
     assert again.returncode == 0, again.stderr[-2000:]
     info = (_run_dir(roomy, "full") / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
     assert "Training starts at step 3" in info
+
+
+def test_killing_the_launcher_leaves_no_orphan_workers(workspace, tiny_cache):
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
+    launcher = subprocess.Popen([*PRIMUS, "train", str(TINY_EXAMPLE), "--nproc-per-node", "2", "exp_name=orphans",
+                                 "training.steps=400"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    run_dir = _run_dir(workspace, "orphans")
+    deadline = time.monotonic() + 120
+    while len(_workers_of(run_dir)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(_workers_of(run_dir)) == 2
+    launcher.kill()  # SIGKILL: no chance to clean up, as after a node's OOM kill or a scheduler's timeout
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _workers_of(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _workers_of(run_dir)  # the workers died with their launcher (PR_SET_PDEATHSIG)
