@@ -158,6 +158,8 @@ def _torchrun(plan: LaunchPlan, target: str, payload_path: Path) -> LaunchResult
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(plan.torchrun_args(target, payload_path))
+    if plan.nnodes == 1 and plan.max_restarts > 0:
+        os.environ["PRIMUS_STATIC_RDZV"] = "1"  # see primus.runtime.worker.fresh_store_after_restart
     try:
         run(args)
     except RendezvousError as err:  # a node that never arrived, a wrong address, a port in use

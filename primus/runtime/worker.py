@@ -39,10 +39,23 @@ def die_with_parent() -> None:
         os._exit(137)
 
 
+def fresh_store_after_restart() -> None:
+    """torch 2.13's static rendezvous keeps ONE TCPStore for every torchelastic restart, so a
+    restarted worker group's process group reads the previous attempt's keys (dead peer
+    addresses -> gloo "Connection refused" or a stall). On a restart of a single-node static
+    launch (the launcher sets PRIMUS_STATIC_RDZV), rank 0 hosts a fresh store on
+    MASTER_PORT + restart instead of reusing the agent's."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart and os.environ.get("PRIMUS_STATIC_RDZV") == "1" and os.environ.get("MASTER_PORT"):
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+        os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + restart)
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     die_with_parent()
+    fresh_store_after_restart()
     argv = sys.argv[1:] if argv is None else argv
     target, payload_path = argv[0], Path(argv[1])
     payload = json.loads(payload_path.read_text())

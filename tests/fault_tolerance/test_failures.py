@@ -63,11 +63,6 @@ def test_sigterm_checkpoints_exits_75_and_resume_reproduces_the_run(run_primus, 
     assert [a["status"] for a in attempts] == ["preempted", "completed"]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known, open: on 2 loaded CPU cores the restarted group sometimes stalls in gloo's "
-    "connectFullMesh (rank 0 of the new attempt stops answering, rank 1 gets 'Connection refused'); "
-    "about 1 run in 3 here, more under heavy load, where even the first attempt's process-group "
-    "init can stall. c10d rendezvous for restarts was tried and hung instead."))
 def test_max_restarts_recovers_a_killed_worker_from_its_checkpoint(run_primus, workspace):
     result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "--max-restarts", "1", "exp_name=restart",
                         "training.steps=6", "checkpoint.interval=2", env={"PRIMUS_FAULT_INJECT": "kill@rank1:step3"},
