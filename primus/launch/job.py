@@ -35,7 +35,7 @@ def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, che
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
     validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,
                    f"modules.{module.name}.primus")
-    config = ModuleConfig(module.name, module.framework, stage, module.params)
+    config = ModuleConfig.of(module, stage)
     adapter.validate(config, resolved.provenance)
     if check_paths:
         adapter.check_inputs(config, resolved.provenance)
@@ -45,8 +45,8 @@ def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, che
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: str, dry_run: bool, argv: list[str]) -> int:
     adapter = validate_module(resolved, module, check_paths=True)
-    adapter.check_world_size(ModuleConfig(module.name, module.framework, module.stage, module.params),
-                             plan.world_size, resolved.provenance)
+    config = ModuleConfig.of(module)
+    adapter.check_world_size(config, plan.world_size, resolved.provenance)
     run_dir = run_dir_of(resolved.spec)
     plan.with_port()
     payload_path = run_dir / "launch.json"
@@ -62,7 +62,6 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
     make_run_dir(run_dir)
     with RunDirLock(run_dir):
         resuming = decide_resume(run_dir, resume)
-        config = ModuleConfig(module.name, module.framework, module.stage, module.params)
         adapter.prepare(config, lambda message: print(f"[primus] {message}", flush=True))
         config_hash = write_resolved_config(run_dir, resolved.redacted_tree())
         payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming,

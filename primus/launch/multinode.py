@@ -130,7 +130,7 @@ def run_follower_node(resolved, module, adapter, plan: LaunchPlan, run_dir: Path
     else:
         make_run_dir(run_dir)
         resuming = resume != "never" and (run_dir / "checkpoints").is_dir()  # node-local checkpoint shards
-        config = ModuleConfig(module.name, module.framework, module.stage, module.params)
+        config = ModuleConfig.of(module)
         adapter.prepare(config, lambda message: print(f"[primus] {message}", flush=True))
         write_resolved_config(run_dir, resolved.redacted_tree())
         payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming,

@@ -69,7 +69,7 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
     if describe is None:
         raise ConfigError(f"backend '{module.framework}' cannot describe its model and parallel layout for "
                           "planning yet (BackendAdapter.plan_inputs)")
-    return describe(ModuleConfig(module.name, module.framework, module.stage, module.params), world_size)
+    return describe(ModuleConfig.of(module), world_size)
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -32,6 +32,11 @@ class ModuleConfig:
     stage: str
     params: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, module: Any, stage: str | None = None) -> "ModuleConfig":
+        """From a ``primus.config.resolve.ResolvedModule`` (optionally with its canonical stage)."""
+        return cls(module.name, module.framework, stage or module.stage, module.params)
+
 
 class BackendAdapter(ABC):
     """What every engine backend implements. Keep engine imports inside methods."""
