@@ -29,10 +29,16 @@ class PrimusFormatter(logging.Formatter):
         return datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
 
     def format(self, record: logging.LogRecord) -> str:
+        # every handler of the root logger (level files, console) shares this formatter: format once
+        cached = record.__dict__.get("_primus_text")
+        if cached is not None and cached[0] is self:
+            return cached[1]
         text = f"{self.formatTime(record)} {self.prefix} {record.levelname} {record.name}: {record.getMessage()}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
-        return mask_text(text, self.secrets) if self.secrets else text
+        text = mask_text(text, self.secrets) if self.secrets else text
+        record._primus_text = (self, text)
+        return text
 
 
 class _LogFile(logging.FileHandler):

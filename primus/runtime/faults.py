@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+from typing import Callable
 
 _SPEC = re.compile(r"^(raise|kill|term)@rank(\d+):step(\d+)$")
 
@@ -17,7 +18,8 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def maybe_inject(rank: int, step: int) -> None:
+def maybe_inject(rank: int, step: int, before: Callable[[], None] = lambda: None) -> None:
+    """``before`` runs just ahead of the fault (flush what the step reported, so the run dir shows it)."""
     spec = os.environ.get("PRIMUS_FAULT_INJECT")
     if not spec:
         return
@@ -27,6 +29,7 @@ def maybe_inject(rank: int, step: int) -> None:
     kind, fault_rank, fault_step = match.group(1), int(match.group(2)), int(match.group(3))
     if rank != fault_rank or step != fault_step or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
+    before()
     if kind == "raise":
         raise InjectedFault(f"injected failure on rank {rank} at step {step} (PRIMUS_FAULT_INJECT)")
     os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGTERM)

@@ -72,3 +72,20 @@ def test_reporter_writes_jsonl_on_rank0_only(tmp_path):
     MetricsReporter(other, rank=1, world_size=2, device="cpu", peak_tflops=None).report(
         StepReport(step=1, loss=3.0, step_time_s=0.1, samples=4))
     assert not (other / "metrics.jsonl").exists()
+
+
+def test_reporter_writes_every_step_in_order_off_the_training_thread(tmp_path):
+    """report() only derives; the writer thread writes. drain() makes the file complete (the
+    fault injector relies on it before a SIGKILL), close() too."""
+    reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None,
+                               enable_tensorboard=False)
+    assert reporter._writer is not None and reporter._writer.is_alive()
+    for step in range(1, 201):
+        reporter.report(StepReport(step=step, loss=1.0 / step, step_time_s=0.01, samples=2))
+    reporter.drain()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 201))
+    reporter.report(StepReport(step=201, loss=0.1, step_time_s=0.01, samples=2))
+    reporter.close()
+    assert reporter._writer is None
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 201

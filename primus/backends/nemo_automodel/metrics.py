@@ -41,6 +41,7 @@ class StepTap:
         self.reports: list[StepReport] = []
         self._dp_size = max(1, int(getattr(recipe, "dp_size", 1) or 1))
         self._world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        self._on_cuda = torch.device(getattr(recipe, "device", "cpu")).type == "cuda"
 
         pipeline = recipe.flow_matching_pipeline
         original_step = pipeline.step
@@ -61,15 +62,17 @@ class StepTap:
         import torch
         import torch.distributed as dist
 
-        backend = str(dist.get_backend()) if dist.is_initialized() else "none"
-        device = self.recipe.device if backend == "nccl" else torch.device("cpu")
-        local_loss = torch.stack(self._losses).mean() if self._losses else torch.tensor(float("nan"))
-        totals = torch.tensor([float(local_loss), float(self._samples), 1.0], dtype=torch.float64, device=device)
-        if dist.is_initialized() and self._world > 1:
+        local_loss = float(torch.stack(self._losses).mean()) if self._losses else float("nan")
+        if self._world > 1:
+            on_gpu = str(dist.get_backend()) == "nccl"
+            totals = torch.tensor([local_loss, float(self._samples), 1.0], dtype=torch.float64,
+                                  device=self.recipe.device if on_gpu else "cpu")
             dist.all_reduce(totals)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        loss_sum, samples, ranks = totals.tolist()
+            loss_sum, samples, ranks = totals.tolist()
+        else:
+            loss_sum, samples, ranks = local_loss, float(self._samples), 1.0
+        if self._on_cuda:
+            torch.cuda.synchronize()  # the step's kernels are done before its time is read
         elapsed = time.perf_counter() - (self._start or time.perf_counter())
         # tp/cp peers see the same samples: count each data-parallel replica once.
         global_samples = round(samples * self._dp_size / max(ranks, 1))
