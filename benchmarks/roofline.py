@@ -1,5 +1,5 @@
 """Machine roofline on CPU: fp32 GEMM peak (torch.matmul sweep) and memory bandwidth, compared
-with ``primus preflight --tests gemm`` (must agree within 10%), and each backend's achieved
+with ``primus preflight --tests gemm`` (medians of interleaved runs must agree within 10%), and each backend's achieved
 TFLOP/s and MFU against the measured peak.
 
 Achieved FLOPs use Primus's formula (``primus/runtime/flops.py``), training = 3 x forward:
@@ -82,7 +82,7 @@ def run(quick: bool, achieved: dict[str, dict[str, Any]] | None = None) -> dict[
     trials = 2 if quick else 4
     # interleaved: sweep, preflight, sweep, preflight: both see the same load
     sweeps, preflights = [], []
-    for _ in range(2 if quick else 3):
+    for _ in range(3 if quick else 5):
         sweeps.append(_measure_subprocess(trials))
         preflights.append(_preflight())
     per_size = {n: spread([v for s in sweeps for v in s["gemm_gflops"][str(n)]]) for n in SIZES}
@@ -91,14 +91,16 @@ def run(quick: bool, achieved: dict[str, dict[str, Any]] | None = None) -> dict[
     pf = spread([p["gemm_gflops"] for p in preflights if "gemm_gflops" in p])
     copy = spread([v for s in sweeps for v in s["copy_gbps"]])
     pf_bw = spread([p["membw_gbps"] for p in preflights if "membw_gbps" in p])
-    # Other jobs share these 2 cores: the best trial is the machine's capability, the median is
-    # what a run saw. The 10% check compares best with best; the medians are reported beside it.
-    agree = abs(pf["max"] - bench_1024["max"]) / bench_1024["max"] if pf["max"] else None
+    # The 10% check compares medians of interleaved runs of the same method (n=1024, 50 matmuls):
+    # a best-of-N is decided by whichever side caught an idle moment, a median by the machine.
+    # The bests are reported beside it.
     agree_median = abs(pf["median"] - bench_1024["median"]) / bench_1024["median"] if pf["median"] else None
+    agree_best = abs(pf["max"] - bench_1024["max"]) / bench_1024["max"] if pf["max"] else None
     result = {
         "threads": sweeps[0]["threads"], "gemm_gflops_by_n": {str(k): v for k, v in per_size.items()},
         "peak_gflops_fp32": peak, "gemm_1024_gflops": bench_1024, "preflight_gemm_gflops": pf,
-        "preflight_vs_benchmark": agree, "preflight_vs_benchmark_median": agree_median, "target_agree_10pct": agree is not None and agree <= 0.10,
+        "preflight_vs_benchmark_best": agree_best, "preflight_vs_benchmark_median": agree_median,
+        "target_agree_10pct": agree_median is not None and agree_median <= 0.10,
         "copy_gbps": copy, "preflight_membw_gbps": pf_bw, "preflight_raw": preflights,
         "ridge_flops_per_byte": peak / copy["median"] if copy["median"] else None, "achieved": {},
     }
@@ -109,18 +111,21 @@ def run(quick: bool, achieved: dict[str, dict[str, Any]] | None = None) -> dict[
     return result
 
 
+def _pct(fraction: float | None) -> str:
+    return fmt(100 * fraction if fraction is not None else None, ".1f") + "%"
+
+
 def markdown(r: dict[str, Any]) -> str:
     sizes = " · ".join(f"n={n}: {fmt(s['median'], '.1f')}" for n, s in r["gemm_gflops_by_n"].items())
     lines = [
         f"- fp32 GEMM (torch.mm, {r['threads']} threads), median GFLOP/s by size: {sizes}",
         f"- **peak fp32 GEMM: {fmt(r['peak_gflops_fp32'], '.1f')} GFLOP/s** (best trial of the sweep)",
-        f"- n=1024 with preflight's method, best (median) of interleaved runs: benchmark "
-        f"{fmt(r['gemm_1024_gflops']['max'], '.1f')} ({fmt(r['gemm_1024_gflops']['median'], '.1f')}) GFLOP/s vs "
-        f"`primus preflight --tests gemm` {fmt(r['preflight_gemm_gflops']['max'], '.1f')} "
-        f"({fmt(r['preflight_gemm_gflops']['median'], '.1f')}) GFLOP/s → best differ by "
-        f"{fmt(100 * r['preflight_vs_benchmark'] if r['preflight_vs_benchmark'] is not None else None, '.1f')}% "
-        f"({'within' if r['target_agree_10pct'] else 'NOT within'} 10%), medians by "
-        f"{fmt(100 * r['preflight_vs_benchmark_median'] if r['preflight_vs_benchmark_median'] is not None else None, '.1f')}%",
+        f"- n=1024 with preflight's method, median (best) of interleaved runs: benchmark "
+        f"{fmt(r['gemm_1024_gflops']['median'], '.1f')} ({fmt(r['gemm_1024_gflops']['max'], '.1f')}) GFLOP/s vs "
+        f"`primus preflight --tests gemm` {fmt(r['preflight_gemm_gflops']['median'], '.1f')} "
+        f"({fmt(r['preflight_gemm_gflops']['max'], '.1f')}) GFLOP/s → medians differ by "
+        f"{_pct(r['preflight_vs_benchmark_median'])} ({'within' if r['target_agree_10pct'] else 'NOT within'} 10%), "
+        f"bests by {_pct(r['preflight_vs_benchmark_best'])}",
         f"- memory bandwidth (256 MiB copy, read+write): {fmt(r['copy_gbps']['median'], '.1f')} GB/s "
         f"(preflight membw {fmt(r['preflight_membw_gbps']['median'], '.1f')} GB/s); "
         f"ridge point {fmt(r['ridge_flops_per_byte'], '.1f')} FLOP/byte",
