@@ -138,6 +138,18 @@ def build_model(args: MegatronArgs, config, vocab_size: int, *, use_te: bool) ->
     return chunks
 
 
+def wrap_float16(args: MegatronArgs, config, chunks: list) -> list:
+    """Megatron-LM's ``get_model`` step for bf16/fp16: ``Float16Module`` casts every parameter
+    (norms included) to the training dtype and the last stage's output back to fp32. Without it
+    the norms stay fp32, and the fp16 optimizer's checkpoint cannot map their state to the model
+    ("Param id N does not match any model sharded param")."""
+    if not (args.bf16 or args.fp16):
+        return chunks
+    from megatron.core.transformer.module import Float16Module
+
+    return [Float16Module(config, chunk) for chunk in chunks]
+
+
 def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
     """Megatron DistributedDataParallel around each chunk (bucketing only on the first, as Megatron-LM)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

@@ -24,6 +24,7 @@ from primus.backends.megatron.model import (
     transformer_config,
     use_transformer_engine,
     wrap_ddp,
+    wrap_float16,
 )
 from primus.config.errors import ConfigError
 from primus.runtime.metrics import StepReport
@@ -136,7 +137,7 @@ class MegatronTrainer:
         if on_gpu:
             for chunk in chunks:
                 chunk.cuda(torch.cuda.current_device())
-        self.model = wrap_ddp(args, self.config, chunks)
+        self.model = wrap_ddp(args, self.config, wrap_float16(args, self.config, chunks))
         self.optimizer = build_optimizer(args, self.model)
         self._hook_schedule()
         self.scheduler = build_scheduler(args, self.optimizer, self.gbs)

@@ -107,3 +107,13 @@ def test_mock_data_with_interleaved_pipeline(runs, base):
                    micro_batch_size=2, train_iters=4)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["loss"] > 0 for r in records)
+
+
+def test_bf16_trains_and_resumes_from_its_checkpoint(runs):
+    """bf16 goes through Megatron-LM's Float16Module + fp16 optimizer: every parameter (norms
+    included) is bf16, so the optimizer's checkpoint maps onto the model and a resume continues."""
+    full = runs("bf16", 1, bf16=True, save_interval=6)
+    assert_learns(full)
+    resumed = runs("bf16_resumed", 1, resume_from=("bf16", 6), bf16=True, save_interval=6)
+    assert [r["step"] for r in resumed] == list(range(7, STEPS + 1))
+    assert losses(resumed) == pytest.approx(losses(full)[6:], rel=1e-3)
