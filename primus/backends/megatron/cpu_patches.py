@@ -80,6 +80,22 @@ def patch_rng_tracker() -> None:
     mrandom.CudaRNGStatesTracker.fork = fork
 
 
+def patch_recompute_rng() -> None:
+    """Activation recompute saves and restores "the CUDA RNG state" in the CPU generator.
+
+    Why: ``tensor_parallel.checkpoint`` (``recompute_granularity: full`` and ``selective``) calls
+    ``_get_cuda_rng_state()`` / ``_set_cuda_rng_state()`` around the recomputed forward so dropout
+    draws the same masks twice; without CUDA both raise "Torch not compiled with CUDA enabled".
+    On CPU the streams those functions stand for live in the CPU generator (see
+    ``patch_rng_tracker``), so the same save/restore is done there.
+    """
+    import torch
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda new_state, *args, **kwargs: torch.set_rng_state(new_state)
+
+
 # What the shared TorchFunctionMode rewrites; each flag is switched on by its own patch.
 _MODE_RULES = {"cuda_device": False, "cuda_type_names": False}
 _mode = None
@@ -142,7 +158,8 @@ def patch_param_type_checks() -> None:
     _install_cpu_mode()
 
 
-CPU_PATCHES = (patch_current_device, patch_rng_tracker, patch_cuda_device_arguments, patch_param_type_checks)
+CPU_PATCHES = (patch_current_device, patch_rng_tracker, patch_recompute_rng, patch_cuda_device_arguments,
+               patch_param_type_checks)
 
 
 def apply_cpu_patches(force: bool = False) -> list[str]:

@@ -99,3 +99,27 @@ def test_patch_param_type_checks_makes_grad_clipping_work():
     """)
     assert "UNPATCHED-FAILS" in out
     assert "PATCHED 0.5 torch.cuda.FloatTensor torch.float64" in out
+
+
+def test_patch_recompute_rng_makes_activation_recompute_work():
+    out = run_check("""
+        from megatron.core.tensor_parallel import random as mrandom
+        from primus.backends.megatron import cpu_patches
+        cpu_patches.patch_rng_tracker()
+        mrandom.get_cuda_rng_tracker().add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, 5)
+        def block(x):
+            return torch.nn.functional.dropout(x, p=0.5) * 3
+        x = torch.ones(64, requires_grad=True)
+        try:
+            mrandom.checkpoint(block, False, x)
+            print("UNPATCHED-OK")
+        except (AssertionError, RuntimeError) as exc:
+            print("UNPATCHED-FAILS")
+        cpu_patches.patch_recompute_rng()
+        torch.manual_seed(0)
+        y = mrandom.checkpoint(block, False, x)
+        y.sum().backward()
+        # the recomputed forward drew the same dropout mask: gradient is non-zero exactly where y is
+        print("PATCHED", torch.equal(x.grad != 0, y.detach() != 0), int((y == 0).sum()) > 0)
+    """)
+    assert "UNPATCHED-FAILS" in out and "PATCHED True True" in out
