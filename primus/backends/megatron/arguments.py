@@ -23,7 +23,7 @@ MODEL_SHAPE_KEYS = frozenset({
     "num_query_groups", "kv_channels", "max_position_embeddings", "position_embedding_type",
     "rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "normalization", "norm_epsilon", "swiglu",
     "untie_embeddings_and_output_weights", "vocab_size", "disable_bias_linear",
-    "attention_dropout", "hidden_dropout",
+    "attention_dropout", "hidden_dropout", "embedding_init_method_std",
 })
 
 
@@ -83,6 +83,7 @@ class MegatronArgs(BaseModel):
     initial_loss_scale: float = 2.0**32
     seed: int = 1234
     init_method_std: float = 0.02
+    embedding_init_method_std: float | None = Field(None, gt=0)  # None: init_method_std (megatron-core)
 
     # Parallelism.
     tensor_model_parallel_size: int = Field(1, gt=0)
@@ -159,6 +160,8 @@ def translate_neutral_model(model: dict[str, Any]) -> dict[str, Any]:
         "disable_bias_linear": True,  # Llama has no biases in its linear layers
         "attention_dropout": 0.0,  # nor dropout
         "hidden_dropout": 0.0,
+        # Only when asked: None keeps megatron-core's default (init_method_std).
+        **({"embedding_init_method_std": spec.embedding_init_std} if spec.embedding_init_std is not None else {}),
     }
 
 

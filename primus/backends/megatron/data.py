@@ -106,8 +106,9 @@ def build_datasets(args: MegatronArgs, tokenizer, global_batch_size: int, dp_siz
 
 
 def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, micro_batch_size: int,
-                  dp_rank: int, dp_size: int):
-    """This rank's micro-batches for one global batch, in Megatron-LM's MegatronPretrainingSampler order.
+                  dp_rank: int, dp_size: int, device: str = "cpu"):
+    """This rank's micro-batches for one global batch, in Megatron-LM's MegatronPretrainingSampler order,
+    on ``device`` (Megatron-LM's ``get_batch`` moves them with ``.cuda(non_blocking=True)``).
 
     Global batch i covers samples [i*G, (i+1)*G); micro-batch j of DP rank d reads the
     ``micro_batch_size`` samples at ``consumed + j*mbs*dp + d*mbs``.
@@ -119,5 +120,5 @@ def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, mic
     for start in range(consumed_samples, consumed_samples + global_batch_size, step):
         first = start + dp_rank * micro_batch_size
         samples = [dataset[(first + k) % len(dataset)] for k in range(micro_batch_size)]
-        out.append({key: torch.stack([s[key] for s in samples]) for key in samples[0]})
+        out.append({key: torch.stack([s[key] for s in samples]).to(device, non_blocking=True) for key in samples[0]})
     return out

@@ -50,6 +50,12 @@ def params_dtype(args: MegatronArgs):
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
 
+def _rope_fusion_available() -> bool:
+    from megatron.core.models.common.embeddings import rope_utils
+
+    return getattr(rope_utils, "fused_apply_rotary_pos_emb", None) is not None
+
+
 def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
     """The TransformerConfig for ``args`` (names mapped as Megatron-LM's ``core_transformer_config_from_args``)."""
     import torch.nn.functional as F
@@ -64,6 +70,14 @@ def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
     if not on_gpu:
         derived.set("fused_kernels", False, "CPU: bias/activation, softmax, layer-norm, RoPE fusions and "
                     "gradient_accumulation_fusion are CUDA kernels")
+    # megatron-core's fused RoPE is Transformer Engine's kernel; TransformerConfig refuses it without TE
+    rope_fusion = fused and _rope_fusion_available()
+    if fused and not rope_fusion:
+        derived.set("apply_rope_fusion", False, "GPU without Transformer Engine >= 1.4: unfused RoPE")
+    if args.embedding_init_method_std is None and args.model is not None:
+        derived.set("embedding_init_method_std", args.init_method_std,
+                    "not set: megatron-core uses init_method_std; TorchTitan draws the same preset's embedding "
+                    "with std 1.0 (set model.embedding_init_std for the same init on both)")
     dtype = params_dtype(args)
     return TransformerConfig(
         num_layers=args.num_layers,
@@ -80,6 +94,7 @@ def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
         activation_func=F.silu if args.swiglu else F.gelu,
         add_bias_linear=not args.disable_bias_linear,
         init_method_std=args.init_method_std,
+        embedding_init_method_std=args.embedding_init_method_std,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
@@ -95,9 +110,10 @@ def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
         gradient_accumulation_fusion=on_gpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None,
         bias_activation_fusion=fused,
         bias_dropout_fusion=fused,
-        masked_softmax_fusion=fused,
-        persist_layer_norm=fused,
-        apply_rope_fusion=fused,
+        # Megatron-LM's compiled kernel (not in the megatron-core wheel); core imports it unguarded
+        masked_softmax_fusion=fused and importlib.util.find_spec("scaled_masked_softmax_cuda") is not None,
+        persist_layer_norm=fused and importlib.util.find_spec("apex") is not None,  # Apex's FusedLayerNorm only
+        apply_rope_fusion=rope_fusion,
         deallocate_pipeline_outputs=True,
     )
 

@@ -72,7 +72,7 @@ def _global_loss(losses: list[dict]) -> float:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    total = torch.zeros(2)
+    total = torch.zeros(2, device="cuda" if dist.get_backend() == "nccl" else "cpu")  # NCCL reduces GPU tensors
     for item in losses:
         total += item["lm loss"].float()
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
@@ -97,6 +97,7 @@ class MegatronTrainer:
         args, ctx = self.args, self.ctx
         on_gpu = ctx.device.startswith("cuda")
         self.owns_process_group = _init_process_group(ctx)
+        self.device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"  # set by the process group init
         world = torch.distributed.get_world_size()
         self.dp = check_parallel_layout(args, world)
         derived = Derived()
@@ -183,7 +184,8 @@ class MegatronTrainer:
 
     def _batches(self, dataset, consumed: int):
         return iter(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
-                                  micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.dp))
+                                  micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.dp,
+                                  device=self.device))
 
     def _data_iterator(self, dataset, consumed: int):
         # Interleaved schedules take one iterator per model chunk; each chunk sees the same batches.
@@ -204,15 +206,21 @@ class MegatronTrainer:
             forward_only=forward_only,
         )
 
-    def train_step(self) -> tuple[float, float | None]:
+    def train_step(self) -> tuple[float, float | None, float]:
+        """(loss, grad norm, the learning rate this step's update used).
+
+        The LR is read before the scheduler advances: Megatron-LM logs the one after (the next
+        step's), TorchTitan the one applied; Primus reports the applied one for every backend.
+        """
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
+        lr = self.optimizer.param_groups[0]["lr"]
         losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
         update_ok, grad_norm, _ = self.optimizer.step()
         if update_ok:
             self.scheduler.step(increment=self.gbs)
-        return _global_loss(losses), (float(grad_norm) if grad_norm is not None else None)
+        return _global_loss(losses), (float(grad_norm) if grad_norm is not None else None), lr
 
     def evaluate(self) -> float:
         import torch
@@ -239,14 +247,14 @@ class MegatronTrainer:
         last_saved = self.iteration
         while self.iteration < args.train_iters:
             start = time.perf_counter()
-            loss, grad_norm = self.train_step()
+            loss, grad_norm, lr = self.train_step()
             elapsed = time.perf_counter() - start
             self.iteration += 1
             self.consumed += self.gbs
             ctx.report_step(StepReport(
                 step=self.iteration, loss=loss, step_time_s=elapsed, samples=self.gbs,
                 tokens=self.gbs * args.seq_length, flops=self.flops_per_step,
-                lr=self.optimizer.param_groups[0]["lr"], grad_norm=grad_norm,
+                lr=lr, grad_norm=grad_norm,
             ))
             if args.eval_interval and args.eval_iters and self.iteration % args.eval_interval == 0 and self.valid_ds:
                 ctx.logger.info("[EVAL] step=%d loss=%.4f", self.iteration, self.evaluate())

@@ -34,6 +34,8 @@ def build_model_spec(spec: LlamaModelSpec, attn_backend: str):
     from torchtitan.models.llama3.model import Llama3Model, Llama3TransformerBlock
     from torchtitan.protocols.model_spec import ModelSpec
 
+    # TorchTitan's llama3 embedding init is N(0, 1); the neutral key may ask for another std.
+    embedding_std = 1.0 if spec.embedding_init_std is None else spec.embedding_init_std
     linear_init = {"weight": partial(nn.init.trunc_normal_, std=0.02), "bias": nn.init.zeros_}
     norm_init = {"weight": nn.init.ones_}
     out_std = spec.dim ** -0.5
@@ -66,7 +68,7 @@ def build_model_spec(spec: LlamaModelSpec, attn_backend: str):
         dim=spec.dim,
         vocab_size=spec.vocab_size,
         tok_embeddings=Embedding.Config(num_embeddings=spec.vocab_size, embedding_dim=spec.dim,
-                                        param_init={"weight": partial(nn.init.normal_, std=1.0)}),
+                                        param_init={"weight": partial(nn.init.normal_, std=embedding_std)}),
         norm=norm(),
         lm_head=Linear.Config(in_features=spec.dim, out_features=spec.vocab_size, param_init=output_init),
         layers=layers,

@@ -96,6 +96,29 @@ def test_neutral_model_block_translates_and_flat_keys_override():
     assert args.ffn_hidden_size == 352
 
 
+def test_neutral_embedding_init_std_maps_to_megatron_and_unset_keeps_the_default():
+    pytest.importorskip("megatron.core")
+    from primus.backends.megatron.model import Derived, transformer_config
+
+    model = {"n_layers": 2, "dim": 64, "n_heads": 4, "vocab_size": 512}
+    rest = {"seq_length": 64, "train_iters": 2, "lr": 1e-3, "mock_data": True}
+    args = parse_args({"model": {**model, "embedding_init_std": 1.0}, **rest})
+    derived = Derived()
+    config = transformer_config(args, on_gpu=False, derived=derived)
+    assert config.embedding_init_method_std == 1.0 and config.init_method_std == 0.02
+    assert "embedding_init_method_std" not in derived.values
+    # unset: megatron-core's own default (init_method_std), logged as derived with the difference
+    derived = Derived()
+    config = transformer_config(parse_args({"model": model, **rest}), on_gpu=False, derived=derived)
+    assert config.embedding_init_method_std == 0.02
+    assert derived.values["embedding_init_method_std"] == 0.02 and "TorchTitan" in derived.reasons["embedding_init_method_std"]
+    # the flat Megatron-LM argument wins over the neutral key, as for every other key
+    args = parse_args({"model": {**model, "embedding_init_std": 1.0}, "embedding_init_method_std": 0.5, **rest})
+    assert args.embedding_init_method_std == 0.5
+    with pytest.raises(ConfigError, match="model.embedding_init_std"):
+        parse_args({"model": {**model, "embedding_init_std": 0}, **rest})
+
+
 def test_neutral_model_error_points_into_model_block():
     with pytest.raises(ConfigError) as exc:
         parse_args({"model": {"n_layers": 2, "dim": 64, "n_heads": 4, "vocab_size": 8, "n_layer": 3}, **TINY})

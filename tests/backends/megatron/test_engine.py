@@ -72,6 +72,9 @@ def test_tp1_trains_and_reports_every_step(runs):
     first = records[0]
     assert first["tokens_per_sec"] > 0 and first["tflops"] > 0 and first["grad_norm"] > 0
     assert records[2]["lr"] > records[-1]["lr"] >= 3e-4  # cosine decay towards min_lr
+    # the LR each step's update used (as TorchTitan reports), not the next step's: Megatron's
+    # warmup runs iteration i at lr_warmup_init + lr * i / lr_warmup_iters, so 0, lr/2, lr
+    assert [r["lr"] for r in records[:3]] == pytest.approx([0.0, 1.5e-3, 3e-3])
     log = (runs.root / "tp1" / "output.log").read_text()
     assert "derived megatron_cpu_patches=patch_current_device,patch_rng_tracker," in log
     assert "derived gradient_accumulation_steps=2" in log
