@@ -31,6 +31,17 @@ AM_POINTS = [
     ("local batch 2 (no grad accumulation)", ["step_scheduler.local_batch_size=2"]),
 ]
 AM_QUICK = {0, 1, 2}
+MG_SEQ = 256
+MG_POINTS = [  # (name, overrides, micro batch, global batch)
+    ("baseline: fp32, no recompute, mbs2 = gbs2", [], 2, 2),
+    ("recompute: selective (core attention)", ["recompute_granularity=selective"], 2, 2),
+    ("recompute: full (uniform, 1 layer per checkpoint)",
+     ["recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=1"], 2, 2),
+    ("bf16 (Float16Module + fp32 main params)", ["bf16=true"], 2, 2),
+    ("micro-batch 1 x 2 accumulation", [], 1, 2),
+    ("micro-batch 4 = gbs4", [], 4, 4),
+]
+MG_QUICK = {0, 2, 3}
 
 
 def _point(backend: str, name: str, cmd: list[str], samples_per_step: int, tokens_per_step: int | None,
@@ -44,7 +55,7 @@ def _point(backend: str, name: str, cmd: list[str], samples_per_step: int, token
 
 def run(quick: bool) -> dict[str, Any]:
     ws = Path(tempfile.mkdtemp(prefix="primus-bench-knobs-"))
-    out: dict[str, Any] = {"torchtitan": [], "nemo_automodel": []}
+    out: dict[str, Any] = {"torchtitan": [], "megatron": [], "nemo_automodel": []}
     try:
         steps = 6 if quick else 10
         for i, (name, extra, batch) in enumerate(TT_POINTS):
@@ -53,6 +64,13 @@ def run(quick: bool) -> dict[str, Any]:
             cmd = [PRIMUS, "train", str(CONFIGS / "torchtitan_llama_25m.yaml"), f"workspace={ws}", f"exp_name=tt{i}",
                    f"training.steps={steps}", f"training.local_batch_size={batch}", f"training.seq_len={TT_SEQ}", *extra]
             out["torchtitan"].append(_point("torchtitan", name, cmd, batch, batch * TT_SEQ, skip=2))
+        for i, (name, extra, mbs, gbs) in enumerate(MG_POINTS):
+            if quick and i not in MG_QUICK:
+                continue
+            cmd = [PRIMUS, "train", str(CONFIGS / "megatron_llama_25m.yaml"), f"workspace={ws}", f"exp_name=mg{i}",
+                   f"train_iters={steps}", f"micro_batch_size={mbs}", f"global_batch_size={gbs}",
+                   f"seq_length={MG_SEQ}", *extra]
+            out["megatron"].append(_point("megatron", name, cmd, gbs, gbs * MG_SEQ, skip=2))
         steps = 16 if quick else 30
         for i, (name, extra) in enumerate(AM_POINTS):
             if quick and i not in AM_QUICK:
@@ -69,13 +87,12 @@ def run(quick: bool) -> dict[str, Any]:
                 p["throughput_vs_baseline"] = p["samples_per_s"] / base["samples_per_s"]
             if base and base.get("max_rss_gb") and p.get("max_rss_gb"):
                 p["memory_vs_baseline"] = p["max_rss_gb"] / base["max_rss_gb"]
-    out["megatron"] = {"status": "not benchmarked (backend not ready when this suite was written; see overhead.py hook)"}
     return out
 
 
 def markdown(results: dict[str, Any]) -> str:
     parts = []
-    for backend, unit in (("torchtitan", "tokens/s"), ("nemo_automodel", "samples/s")):
+    for backend, unit in (("torchtitan", "tokens/s"), ("megatron", "tokens/s"), ("nemo_automodel", "samples/s")):
         rows = []
         for p in results.get(backend, []):
             rate = p["tokens_per_s"] if unit == "tokens/s" else p["samples_per_s"]

@@ -21,7 +21,7 @@ def plot(results: dict[str, Any], path: Path) -> Path | None:
         r = results[name]
         if name == "overhead":
             labels, a_vals, b_vals = [], [], []
-            for backend in ("torchtitan", "nemo_automodel"):
+            for backend in ("torchtitan", "megatron", "nemo_automodel"):
                 if backend in r and r[backend]["step_time_primus_s"]["median"]:
                     labels.append(backend)
                     a_vals.append([p["step_time_median_s"] for p in r[backend]["primus"] if p["step_time_median_s"]])
