@@ -6,6 +6,7 @@ config, launch, logs and metrics; the engine owns the model, data, optimizer and
 """
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class BackendAdapter(ABC):
     name: ClassVar[str]
     distribution: ClassVar[str]  # the pip distribution whose version we report
     extra: ClassVar[str]  # `pip install primus[<extra>]` / `primus prepare <extra>`
+    # a module whose import proves the installed engine works with this torch (None: skip the probe)
+    import_probe: ClassVar[str | None] = None
     stages: ClassVar[tuple[str, ...]] = ("pretrain",)
     stage_aliases: ClassVar[dict[str, str]] = {}
 
@@ -61,6 +64,22 @@ class BackendAdapter(ABC):
                 f"run `primus prepare {self.extra}` (or `pip install primus[{self.extra}]`)"
             )
         return version
+
+    def import_engine(self) -> None:
+        """Import ``import_probe`` (after the backend's patches): an engine built against another
+        torch (torchtitan 0.3.0 on torch 2.11 misses a torch API) is one clear line, not a traceback."""
+        if not self.import_probe:
+            return
+        try:
+            importlib.import_module(self.import_probe)
+        except ImportError as exc:
+            import torch
+
+            raise ConfigError(
+                f"backend '{self.name}': {self.distribution} {self.installed_version()} does not import with torch "
+                f"{torch.__version__} ({exc}); install the pinned versions (requirements/{self.extra}.txt, "
+                f"`primus prepare {self.extra}`)"
+            ) from None
 
     def canonical_stage(self, stage: str, where: str = "stage") -> str:
         stage = self.stage_aliases.get(stage, stage)

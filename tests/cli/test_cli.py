@@ -104,3 +104,15 @@ def test_run_pretrain_wrapper_is_primus_train(workspace, tiny_cache):
     missing = subprocess.run(["bash", "examples/run_pretrain.sh"], cwd=ROOT, env={k: v for k, v in env.items()
                              if k != "EXP"}, capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "set EXP" in missing.stderr
+
+
+def test_engine_that_does_not_import_with_this_torch_is_one_line(run_primus, tmp_path):
+    """As torchtitan 0.3.0 on torch 2.11 (a GPU image): its import fails on a missing torch API.
+    Simulated by blocking the module at interpreter start; the launcher must say so in one line."""
+    write(tmp_path / "sitecustomize.py", "import sys\nsys.modules['torchtitan.trainer'] = None\n")
+    result = run_primus("config", "validate", TINY_EXAMPLE, env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "backend 'torchtitan': torchtitan 0.3.0 does not import with torch" in lines[0]
+    assert "requirements/torchtitan.txt" in lines[0]

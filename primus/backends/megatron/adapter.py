@@ -39,6 +39,7 @@ def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] 
 class MegatronAdapter(BackendAdapter):
     name = "megatron"
     distribution = "megatron-core"
+    import_probe = "megatron.core.models.gpt"
     extra = "megatron"
     stages = ("pretrain",)
     stage_aliases = {"train": "pretrain"}
@@ -68,6 +69,7 @@ class MegatronAdapter(BackendAdapter):
                        f"modules.{module.name}.primus")
 
         parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
+        self.import_engine()
 
     def check_world_size(self, module: ModuleConfig, world_size: int, provenance: "Provenance | None" = None) -> None:
         from primus.backends.megatron.arguments import check_parallel_layout, parse_args

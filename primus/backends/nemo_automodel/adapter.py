@@ -29,6 +29,7 @@ logger = logging.getLogger("primus.backends.nemo_automodel")
 class AutoModelAdapter(BackendAdapter):
     name: ClassVar[str] = "nemo_automodel"
     distribution: ClassVar[str] = "nemo-automodel"
+    import_probe: ClassVar[str | None] = "nemo_automodel.recipes.diffusion.train"
     extra: ClassVar[str] = "automodel"
     stages: ClassVar[tuple[str, ...]] = ("pretrain", "finetune")
     stage_aliases: ClassVar[dict[str, str]] = {"train": "pretrain"}
@@ -52,6 +53,7 @@ class AutoModelAdapter(BackendAdapter):
         from primus.backends.nemo_automodel import schema
 
         self.require_installed()
+        self.import_engine()
         handoff = self._handoff(module, checkpoint_dir=Path("checkpoints"), resume=False, dist_backend="gloo")
 
         def describe(key: str) -> str:

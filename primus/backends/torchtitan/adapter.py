@@ -103,6 +103,7 @@ class _StepReporter:
 class TorchTitanAdapter(BackendAdapter):
     name = "torchtitan"
     distribution = "torchtitan"
+    import_probe = "torchtitan.trainer"
     extra = "torchtitan"
     stages = ("pretrain",)
     stage_aliases = {"train": "pretrain"}
@@ -124,6 +125,7 @@ class TorchTitanAdapter(BackendAdapter):
         from primus.backends.torchtitan.patches import apply_patches
 
         apply_patches()
+        self.import_engine()
         register_local_datasets()
         from primus.backends.torchtitan.config import build_trainer_config
 
