@@ -2,11 +2,10 @@
 
 What runs per step on rank 0 in a Primus run and not in the bare engine: the backend's tap
 (TorchTitan: a wrapper around ``train_step`` + one around ``metrics_processor.log``) and
-``RunContext.report_step`` -> ``MetricsReporter.report``: derive the rates, ``getrusage`` and
-the fault-injection check on the training thread (``report_us``); one JSON line (flushed), one
-``[TRAIN]`` log record through Primus's handlers (4 level files + console) and 7 TensorBoard
-scalars on the metrics writer thread (``writer_us``, off the step). Printed as JSON
-(microseconds per step), broken down so a regression points at its cause.
+``RunContext.report_step`` -> ``MetricsReporter.report``: derive the rates, ``getrusage``,
+one JSON line (flushed), one ``[TRAIN]`` log record through Primus's handlers (4 level files +
+console), 7 TensorBoard scalars, and the fault-injection check. Printed as JSON (microseconds
+per step), broken down so a regression points at its cause.
 
     python -m benchmarks.hotpath [--n 300]
 """
@@ -53,19 +52,16 @@ def main(argv=None) -> int:
                             grad_norm=1.0)
         results = {}
         results["derive_us"] = _per_call_us(lambda: derive(report, world_size=1, device="cpu", peak_tflops=None), args.n)
-        metrics = derive(report, world_size=1, device="cpu", peak_tflops=None)
-        for suffix, tb in (("_no_tb", False), ("", True)):
-            (tmp / f"run{suffix}").mkdir(exist_ok=True)
-            reporter = MetricsReporter(tmp / f"run{suffix}", rank=0, world_size=1, device="cpu", peak_tflops=None,
+        for name, tb in (("report_no_tb_us", False), ("report_us", True)):
+            (tmp / name).mkdir(exist_ok=True)
+            reporter = MetricsReporter(tmp / name, rank=0, world_size=1, device="cpu", peak_tflops=None,
                                        enable_tensorboard=tb)
-            ctx = RunContext(run_dir=tmp / f"run{suffix}", rank=0, local_rank=0, world_size=1, device="cpu",
-                             logger=logger, reporter=reporter)
-            # what the training thread pays per step, and what the writer thread does off it
-            results[f"report{suffix}_us"] = _per_call_us(lambda: ctx.report_step(report), args.n)
-            results[f"writer{suffix}_us"] = _per_call_us(lambda: reporter._write(metrics), args.n)
+            ctx = RunContext(run_dir=tmp / name, rank=0, local_rank=0, world_size=1, device="cpu", logger=logger,
+                             reporter=reporter)
+            results[name] = _per_call_us(lambda: ctx.report_step(report), args.n)
             reporter.close()
         results["log_record_us"] = _per_call_us(lambda: logging.getLogger("primus.metrics").info("[TRAIN] x"), args.n)
-        results["tensorboard_us"] = results["writer_us"] - results["writer_no_tb_us"]
+        results["tensorboard_us"] = results["report_us"] - results["report_no_tb_us"]
         results["tensorboard_installed"] = results["tensorboard_us"] > 1.0
     finally:
         sys.stdout = stdout

@@ -155,9 +155,8 @@ def markdown(results: dict[str, Any]) -> str:
     table = md_table(["backend", "step primus (s)", "step bare (s)", "ratio A/B (pair range)", "≤1.01",
                       "1st step primus (s)", "1st step bare (s)", "Δ first step (s)", "≤1 s", "native config"], rows)
     hp = results.get("hotpath_us", {})
-    extra = (f"\n\nPrimus per-step cost (isolated, µs/step): on the training thread {hp.get('report_us')} "
-             f"(derive {hp.get('derive_us')}); on the metrics writer thread, off the step, {hp.get('writer_us')} "
-             f"(TensorBoard {hp.get('tensorboard_us')}, `[TRAIN]` log record {hp.get('log_record_us')}). "
-             f"Runs used OMP_NUM_THREADS={results.get('threads')}. Megatron's bare side is a Megatron-LM-style loop "
-             f"over megatron-core (benchmarks/bare/megatron_bare.py): the wheel ships no trainer.")
+    extra = (f"\n\nPrimus per-step cost (isolated, µs/step): report_step {hp.get('report_us')}, of which "
+             f"TensorBoard {hp.get('tensorboard_us')}, `[TRAIN]` log record {hp.get('log_record_us')}, derive "
+             f"{hp.get('derive_us')}. Runs used OMP_NUM_THREADS={results.get('threads')}. Megatron's bare side is a "
+             f"Megatron-LM-style loop over megatron-core (benchmarks/bare/megatron_bare.py): the wheel ships no trainer.")
     return table + extra

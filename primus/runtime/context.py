@@ -37,7 +37,7 @@ class RunContext:
 
     def report_step(self, report: StepReport) -> StepMetrics:
         metrics = self.reporter.report(report)
-        maybe_inject(self.rank, report.step, before=self.reporter.drain)
+        maybe_inject(self.rank, report.step)
         return metrics
 
     def should_stop(self) -> bool:

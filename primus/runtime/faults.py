@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-from typing import Callable
 
 _SPEC = re.compile(r"^(raise|kill|term)@rank(\d+):step(\d+)$")
 
@@ -18,8 +17,7 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def maybe_inject(rank: int, step: int, before: Callable[[], None] = lambda: None) -> None:
-    """``before`` runs just ahead of the fault (flush what the step reported, so the run dir shows it)."""
+def maybe_inject(rank: int, step: int) -> None:
     spec = os.environ.get("PRIMUS_FAULT_INJECT")
     if not spec:
         return
@@ -29,7 +27,6 @@ def maybe_inject(rank: int, step: int, before: Callable[[], None] = lambda: None
     kind, fault_rank, fault_step = match.group(1), int(match.group(2)), int(match.group(3))
     if rank != fault_rank or step != fault_step or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
-    before()
     if kind == "raise":
         raise InjectedFault(f"injected failure on rank {rank} at step {step} (PRIMUS_FAULT_INJECT)")
     os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGTERM)

@@ -74,18 +74,19 @@ def test_reporter_writes_jsonl_on_rank0_only(tmp_path):
     assert not (other / "metrics.jsonl").exists()
 
 
-def test_reporter_writes_every_step_in_order_off_the_training_thread(tmp_path):
-    """report() only derives; the writer thread writes. drain() makes the file complete (the
-    fault injector relies on it before a SIGKILL), close() too."""
-    reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None,
-                               enable_tensorboard=False)
-    assert reporter._writer is not None and reporter._writer.is_alive()
-    for step in range(1, 201):
-        reporter.report(StepReport(step=step, loss=1.0 / step, step_time_s=0.01, samples=2))
-    reporter.drain()
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 201))
-    reporter.report(StepReport(step=201, loss=0.1, step_time_s=0.01, samples=2))
+
+def test_tensorboard_events_hold_every_scalar_per_step(tmp_path):
+    """One event per step carries all scalars; TensorBoard's own reader sees each tag's series."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None)
+    for step in (1, 2, 3):
+        reporter.report(StepReport(step=step, loss=4.0 - step, step_time_s=0.5, samples=2, tokens=512, lr=1e-3))
     reporter.close()
-    assert reporter._writer is None
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 201
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert {"train/loss", "train/tokens_per_sec", "train/lr", "train/step_time"} <= set(events.Tags()["scalars"])
+    assert "train/tflops" not in events.Tags()["scalars"]  # None values are left out, not written as 0
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    assert [e.value for e in events.Scalars("train/tokens_per_sec")] == [1024.0] * 3
