@@ -73,6 +73,9 @@ fsdp.disable_fsdp_gradient_division(model)   # what torchtitan's FSDP setup call
 model(torch.randn(4, 8)).sum().backward()
 print("ok", flush=True)
 dist.destroy_process_group()
+# torch 2.13 + gloo + bare fully_shard: ~1 run in 3 aborts in interpreter finalization after all the
+# work is done ("terminate called without an active exception", SIGABRT) - not what this tests.
+os._exit(0)
 """
 
 
