@@ -30,6 +30,9 @@ def cache_root(default: str) -> Path:
 
 TT_ASSETS = cache_root(str(REPO / ".cache/primus")) / "tiny_llm"
 AM_ASSETS = cache_root("~/.cache/primus") / "nemo_automodel" / "wan2_2_tiny"
+# The overhead benchmark's "tiny-but-not-trivial" Wan: the tiny pipeline with these expert widths.
+AM_SMALL_ASSETS = cache_root("~/.cache/primus") / "nemo_automodel" / "wan2_2_small_bench"
+SMALL_WAN = dict(num_attention_heads=8, attention_head_dim=64, ffn_dim=2048, num_layers=6)
 
 
 @dataclass

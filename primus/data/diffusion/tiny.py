@@ -41,8 +41,12 @@ def _tokenizer():
                                    model_max_length=512)
 
 
-def build_tiny_pipeline(out: Path, seed: int = 0) -> Path:
-    """Save a random tiny Wan 2.2 pipeline as a local diffusers directory (``model_index.json``)."""
+def build_tiny_pipeline(out: Path, seed: int = 0, transformer: dict | None = None) -> Path:
+    """Save a random tiny Wan 2.2 pipeline as a local diffusers directory (``model_index.json``).
+
+    ``transformer`` overrides keys of ``TINY_TRANSFORMER`` for both experts (e.g. a wider one for
+    benchmarks); the text encoder, VAE and so the latent cache stay the same."""
+    experts = {**TINY_TRANSFORMER, **(transformer or {})}
     import torch
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -57,8 +61,8 @@ def build_tiny_pipeline(out: Path, seed: int = 0) -> Path:
                            temperal_downsample=[False, True, True]).eval()
     pipe = WanPipeline(tokenizer=tok, text_encoder=text_encoder, vae=vae,
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-                       transformer=WanTransformer3DModel(**TINY_TRANSFORMER),
-                       transformer_2=WanTransformer3DModel(**TINY_TRANSFORMER), boundary_ratio=BOUNDARY_RATIO)
+                       transformer=WanTransformer3DModel(**experts),
+                       transformer_2=WanTransformer3DModel(**experts), boundary_ratio=BOUNDARY_RATIO)
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out)
     return out
@@ -105,7 +109,8 @@ def write_synthetic_clips(folder: Path, caption_format: str = "meta_json", n: in
     return folder
 
 
-def build_tiny_assets(root: Path, *, clips: int = 4, progress: bool = False) -> tuple[Path, Path]:
+def build_tiny_assets(root: Path, *, clips: int = 4, progress: bool = False,
+                      transformer: dict | None = None) -> tuple[Path, Path]:
     """``root/pipeline``, ``root/videos`` and ``root/cache`` (the pipeline's own encoders fill the cache).
 
     Idempotent: what already exists is kept. Returns (pipeline_dir, cache_dir).
@@ -115,7 +120,7 @@ def build_tiny_assets(root: Path, *, clips: int = 4, progress: bool = False) -> 
     root = Path(root)
     pipeline, videos, cache = root / "pipeline", root / "videos", root / "cache"
     if not (pipeline / "model_index.json").exists():
-        build_tiny_pipeline(pipeline)
+        build_tiny_pipeline(pipeline, transformer=transformer)
     if not any(videos.glob("*.mp4")):
         write_synthetic_clips(videos, n=clips)
     if not (cache / "metadata.json").exists():

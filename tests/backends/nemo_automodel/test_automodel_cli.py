@@ -17,3 +17,19 @@ def test_data_commands(tmp_path, capsys):
 def test_prepare_dry_run(capsys):
     assert main(["prepare", "automodel", "--dry-run", "--force"]) == 0
     assert "--no-deps nemo-automodel==0.7.0" in capsys.readouterr().out
+
+
+def test_tiny_pipeline_takes_wider_experts(tmp_path):
+    """The benchmarks' small Wan: both experts get the override, the text encoder/VAE stay tiny."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("diffusers")
+    from primus.data.diffusion.tiny import TINY_TRANSFORMER, build_tiny_pipeline
+
+    out = build_tiny_pipeline(tmp_path / "pipe", transformer={"num_layers": 3, "ffn_dim": 96})
+    for expert in ("transformer", "transformer_2"):
+        config = json.loads((out / expert / "config.json").read_text())
+        assert (config["num_layers"], config["ffn_dim"]) == (3, 96)
+        assert config["attention_head_dim"] == TINY_TRANSFORMER["attention_head_dim"]
