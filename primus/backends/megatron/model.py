@@ -50,10 +50,39 @@ def params_dtype(args: MegatronArgs):
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
 
-def _rope_fusion_available() -> bool:
-    from megatron.core.models.common.embeddings import rope_utils
+# TransformerConfig fusion flag -> the module its GPU kernel comes from (None: megatron-core's own jit)
+_FUSION_KERNELS = {
+    "bias_activation_fusion": None, "bias_dropout_fusion": None,
+    "masked_softmax_fusion": "scaled_masked_softmax_cuda",  # Megatron-LM's compiled extension
+    "persist_layer_norm": "apex",  # Apex's FusedLayerNorm
+    "apply_rope_fusion": "transformer_engine",  # >= 1.4, as megatron-core's rope_utils finds it
+    "gradient_accumulation_fusion": "fused_weight_gradient_mlp_cuda",
+}
 
-    return getattr(rope_utils, "fused_apply_rotary_pos_emb", None) is not None
+
+def _kernel_installed(module: str | None) -> bool:
+    if module is None:
+        return True
+    if module == "transformer_engine":
+        from megatron.core.models.common.embeddings import rope_utils
+
+        return getattr(rope_utils, "fused_apply_rotary_pos_emb", None) is not None
+    return importlib.util.find_spec(module) is not None
+
+
+def fusion_flags(on_gpu: bool, derived: Derived) -> dict[str, bool]:
+    """The fusion flags, on as Megatron-LM sets them on a GPU, but each only where its kernel is
+    installed: megatron-core refuses (RoPE) or crashes at the first step (softmax, norm) otherwise."""
+    if not on_gpu:
+        derived.set("fused_kernels", False, "CPU: bias/activation, softmax, layer-norm, RoPE fusions and "
+                    "gradient_accumulation_fusion are CUDA kernels")
+        return dict.fromkeys(_FUSION_KERNELS, False)
+    flags = {name: _kernel_installed(module) for name, module in _FUSION_KERNELS.items()}
+    off = [name for name, on in flags.items() if not on]
+    if off:
+        derived.set("fusions_off", ",".join(off), "their kernels (Transformer Engine, Apex, Megatron-LM's "
+                    "compiled extensions) are not installed")
+    return flags
 
 
 def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
@@ -66,14 +95,7 @@ def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
         # Megatron-LM's default: 4h, or for SwiGLU 2/3 of that rounded down to a multiple of 64.
         ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
         derived.set("ffn_hidden_size", ffn, "not set: Megatron-LM default from hidden_size")
-    fused = on_gpu
-    if not on_gpu:
-        derived.set("fused_kernels", False, "CPU: bias/activation, softmax, layer-norm, RoPE fusions and "
-                    "gradient_accumulation_fusion are CUDA kernels")
-    # megatron-core's fused RoPE is Transformer Engine's kernel; TransformerConfig refuses it without TE
-    rope_fusion = fused and _rope_fusion_available()
-    if fused and not rope_fusion:
-        derived.set("apply_rope_fusion", False, "GPU without Transformer Engine >= 1.4: unfused RoPE")
+    fusions = fusion_flags(on_gpu, derived)
     if args.embedding_init_method_std is None and args.model is not None:
         derived.set("embedding_init_method_std", args.init_method_std,
                     "not set: megatron-core uses init_method_std; TorchTitan draws the same preset's embedding "
@@ -107,13 +129,7 @@ def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
         recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
         use_cpu_initialization=not on_gpu,
-        gradient_accumulation_fusion=on_gpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None,
-        bias_activation_fusion=fused,
-        bias_dropout_fusion=fused,
-        # Megatron-LM's compiled kernel (not in the megatron-core wheel); core imports it unguarded
-        masked_softmax_fusion=fused and importlib.util.find_spec("scaled_masked_softmax_cuda") is not None,
-        persist_layer_norm=fused and importlib.util.find_spec("apex") is not None,  # Apex's FusedLayerNorm only
-        apply_rope_fusion=rope_fusion,
+        **fusions,
         deallocate_pipeline_outputs=True,
     )
 

@@ -65,14 +65,14 @@ def _forward_step(data_iterator, model):
     return output, partial(_loss_func, batch["loss_mask"])
 
 
-def _global_loss(losses: list[dict]) -> float:
+def _global_loss(losses: list[dict], device: str) -> float:
     """Token-weighted mean loss over the global batch, known on every rank (all-reduce over DP,
     then from the last pipeline stage to the others)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    total = torch.zeros(2, device="cuda" if dist.get_backend() == "nccl" else "cpu")  # NCCL reduces GPU tensors
+    total = torch.zeros(2, device=device)  # NCCL reduces GPU tensors
     for item in losses:
         total += item["lm loss"].float()
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
@@ -220,7 +220,7 @@ class MegatronTrainer:
         update_ok, grad_norm, _ = self.optimizer.step()
         if update_ok:
             self.scheduler.step(increment=self.gbs)
-        return _global_loss(losses), (float(grad_norm) if grad_norm is not None else None), lr
+        return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr
 
     def evaluate(self) -> float:
         import torch
@@ -233,7 +233,7 @@ class MegatronTrainer:
                 losses += self._forward_backward(self.valid_ds, i * self.gbs, forward_only=True)
         for chunk in self.model:
             chunk.train()
-        return _global_loss(losses)
+        return _global_loss(losses, self.device)
 
     def save(self) -> None:
         path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler,

@@ -64,9 +64,8 @@ class StepTap:
 
         local_loss = float(torch.stack(self._losses).mean()) if self._losses else float("nan")
         if self._world > 1:
-            on_gpu = str(dist.get_backend()) == "nccl"
             totals = torch.tensor([local_loss, float(self._samples), 1.0], dtype=torch.float64,
-                                  device=self.recipe.device if on_gpu else "cpu")
+                                  device=self.recipe.device if self._on_cuda else "cpu")  # NCCL: GPU tensors
             dist.all_reduce(totals)
             loss_sum, samples, ranks = totals.tolist()
         else:

@@ -154,3 +154,18 @@ def test_example_experiments_validate(example):
     merged.update(yaml.safe_load(model_file.read_text()))
     merged.update(module.get("overrides", {}))
     parse_args(megatron_params(merged))
+
+
+def test_gpu_fusions_only_where_their_kernels_are_installed():
+    """Here (no Transformer Engine, Apex or Megatron-LM extensions) a GPU run keeps megatron-core's
+    own jit fusions and turns the rest off, saying which; the H200 run crashed without this."""
+    pytest.importorskip("megatron.core")
+    from primus.backends.megatron.model import Derived, fusion_flags
+
+    derived = Derived()
+    flags = fusion_flags(True, derived)
+    assert flags["bias_activation_fusion"] and flags["bias_dropout_fusion"]
+    off = {"masked_softmax_fusion", "persist_layer_norm", "apply_rope_fusion", "gradient_accumulation_fusion"}
+    assert not any(flags[name] for name in off)
+    assert set(derived.values["fusions_off"].split(",")) == off
+    assert not any(fusion_flags(False, Derived()).values())
