@@ -12,12 +12,25 @@ from typing import Any
 from primus.config.interpolate import interpolate_string
 
 REDACTED = "<redacted>"
-_SECRET_KEY = re.compile(r"(token|secret|passw(or)?d|api_?key|access_?key|private_?key|credential)", re.I)
+# A key is a secret by whole words of its last segment, never by substring: `hf_token`,
+# `access_token`, `wandb_api_key`, `client_secret`, `db_password` are; `tokenizer_type`,
+# `tokenizer_model`, `fim_pad_token`, `max_tokens`, `num_tokens` are not.
+_SECRET_WORDS = re.compile(
+    r"(^|_)(token|secret|secrets|password|passwd|api_?key|apikey|access_key|secret_key|private_key|"
+    r"credential|credentials)($|_)", re.I)
+# Tokenizer vocabulary entries that end in `_token` but hold a token string, not a credential.
+_SPECIAL_TOKEN = re.compile(
+    r"(^|_)(bos|eos|eod|pad|unk|sep|cls|mask|prefix|suffix|middle|special|start|end|image|video|audio)_token$",
+    re.I)
 _SECRET_ENV = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|PASSWD", re.I)
 
 
 def is_secret_key(key: str) -> bool:
-    return bool(_SECRET_KEY.search(key.rsplit(".", 1)[-1]))
+    """True for the dotted key's last segment naming a credential (see the examples above)."""
+    name = key.rsplit(".", 1)[-1]
+    if name.lower().startswith("tokenizer") or _SPECIAL_TOKEN.search(name):
+        return False
+    return bool(_SECRET_WORDS.search(name))
 
 
 def is_secret_env(name: str) -> bool:
@@ -29,12 +42,17 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
     return [value for name, value in env.items() if is_secret_env(name) and len(value) >= 4]
 
 
+def _is_secret_value(value: Any) -> bool:
+    """A credential is a non-empty scalar; a flag (``rl_skip_bos_token: true``) or null is not."""
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool) and value != ""
+
+
 def redact_tree(tree: Any, templates: Mapping[str, str], prefix: str = "") -> Any:
     if isinstance(tree, dict):
         out = {}
         for key, value in tree.items():
             dotted = f"{prefix}.{key}" if prefix else str(key)
-            if is_secret_key(str(key)) and not isinstance(value, (dict, list)) and value not in (None, ""):
+            if is_secret_key(str(key)) and _is_secret_value(value):
                 out[key] = templates.get(dotted, REDACTED)
             else:
                 out[key] = redact_tree(value, templates, dotted)

@@ -1,0 +1,54 @@
+"""Secret keys are recognised by whole words, and saving a config never changes a non-secret value."""
+import pytest
+
+from primus.config.resolve import resolve_experiment
+from primus.config.secrets import is_secret_key, restore_secrets
+from primus.runtime.registry import backend_defaults
+from primus.runtime.rundir import read_resolved_config, write_resolved_config
+
+from tests.conftest import ROOT, write
+
+SHIPPED = sorted([*(ROOT / "examples").rglob("*.yaml"),
+                  *(ROOT / "benchmarks" / "configs").glob("*.yaml")])
+
+
+@pytest.mark.parametrize("key", ["hf_token", "token", "modules.x.primus.hf_token", "access_token", "wandb_api_key",
+                                 "api_key", "apikey", "client_secret", "secret", "db_password", "passwd",
+                                 "aws_secret_access_key", "private_key", "credentials"])
+def test_secret_keys(key):
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize("key", ["tokenizer_type", "tokenizer_model", "tokenizer", "tokenizer_hf_use_fast",
+                                 "fim_pad_token", "fim_eod_token", "eos_token", "pad_token", "rl_skip_bos_token",
+                                 "max_tokens", "num_tokens", "tiktoken_pattern", "tokens_per_sec",
+                                 "allow_ambiguous_pad_tokens", "keyboard", "monkey", "secretary_count_x"])
+def test_not_secret_keys(key):
+    assert not is_secret_key(key)
+
+
+def _saved_and_read_back(resolved, run_dir):
+    run_dir.mkdir(parents=True)
+    write_resolved_config(run_dir, resolved.redacted_tree())
+    return restore_secrets(read_resolved_config(run_dir))
+
+
+@pytest.mark.parametrize("example", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_shipped_example_round_trips_through_save_and_worker_read(example, tmp_path, monkeypatch):
+    """What a worker reads back is what was resolved: the Megatron worker failed its own validation
+    when `tokenizer_type: HuggingFaceTokenizer` was saved as <redacted>."""
+    monkeypatch.chdir(ROOT)
+    resolved = resolve_experiment(example, [], backend_defaults)
+    assert _saved_and_read_back(resolved, tmp_path / "run") == resolved.tree()
+
+
+def test_tokenizer_keys_survive_and_a_literal_secret_does_not(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    exp = write(tmp_path / "exp.yaml", (ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml").read_text())
+    resolved = resolve_experiment(exp, ["tokenizer_type=HuggingFaceTokenizer", "tokenizer_model=/tok",
+                                        "primus.hf_token=hf_literalSECRET"], backend_defaults)
+    text = (tmp_path / "run" / "config.resolved.yaml")
+    back = _saved_and_read_back(resolved, tmp_path / "run")
+    params = back["modules"]["pre_trainer"]["params"]
+    assert params["tokenizer_type"] == "HuggingFaceTokenizer" and params["tokenizer_model"] == "/tok"
+    assert "hf_literalSECRET" not in text.read_text()
