@@ -2,7 +2,7 @@
 with ``primus preflight --tests gemm`` (medians of interleaved runs must agree within 10%), and each backend's achieved
 TFLOP/s and MFU against the measured peak.
 
-Achieved FLOPs use Primus's formula (``primus/runtime/flops.py``), training = 3 x forward:
+Achieved FLOPs use Primus's formula (``primus/plan/flops.py``), training = 3 x forward:
     flops/token = 6 * N_matmul + 6 * n_layers * seq_len * dim     (causal attention halved)
 MFU = achieved / measured fp32 GEMM peak of this machine (all cores, torch's default threads).
 """

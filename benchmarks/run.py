@@ -24,10 +24,10 @@ PRESET = common.CONFIGS / "presets" / "llama_25m.yaml"
 
 def _achieved(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Achieved TFLOP/s per backend on the 25M preset, from the Primus runs of this suite."""
-    from primus.config.model_spec import LlamaModelSpec
-    from primus.runtime.flops import dense_decoder_flops_per_token
+    from primus.plan.model import ModelSpec
+    from primus.plan.flops import dense_decoder_flops_per_token
 
-    spec = LlamaModelSpec(**yaml.safe_load(PRESET.read_text())["model"])
+    spec = ModelSpec(**yaml.safe_load(PRESET.read_text())["model"])
     seq, batch = 256, 2
     fpt = dense_decoder_flops_per_token(n_layers=spec.n_layers, dim=spec.dim, seq_len=seq,
                                         matmul_params=spec.matmul_params())

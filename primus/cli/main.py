@@ -16,6 +16,7 @@ COMMANDS = [
     "primus.prepare.cli",
     "primus.cli.data",
     "primus.preflight.cli",
+    "primus.cli.plan",
 ]
 
 

@@ -1,14 +1,12 @@
-"""``primus preflight`` (check the cluster on every rank) and ``primus plan`` (estimate, no cluster).
+"""``primus preflight``: check the cluster on every rank.
 
-Exit status of both: 0 pass; 1 a ``fail`` finding (preflight) or a layout that is wrong or
-does not fit the device (plan); 2 a user error (bad option, unknown device, bad YAML).
+Exit status: 0 pass; 1 a ``fail`` finding; 2 a user error (bad option, bad YAML).
 No torch import here: ``primus --help`` stays fast.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import sys
 from typing import Any
 
@@ -36,27 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_launcher_flags(pre, train=False)  # --slurm/--srun/--container/-N ...: the same path as train
     pre.set_defaults(handler=_preflight, accepts_overrides=True)
 
-    plan = subparsers.add_parser(
-        "plan", allow_abbrev=False, help="parameters, FLOPs and per-rank memory of an experiment",
-        description="Estimate an experiment without a cluster: parameters, FLOPs per token and step, memory "
-                    "per rank by component, and whether it fits --device. Exit 0 fits, 1 does not fit or "
-                    "the layout is wrong, 2 user error.")
-    plan.add_argument("exp", help="experiment YAML")
-    plan.add_argument("--device", help="device to fit: " + ", ".join(_device_names()))
-    plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
-    plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
-    plan.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    plan.set_defaults(handler=_plan, accepts_overrides=True)
-
-
-def _device_names() -> list[str]:
-    from primus.runtime.flops import DEVICE_MEMORY_GIB  # not estimate: --help must not import pydantic
-
-    return sorted(DEVICE_MEMORY_GIB)
 
 
 def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
-    """(LlamaModelSpec, ParallelLayout) of one module of an experiment, through its backend adapter."""
+    """(ModelSpec, ParallelLayout) of one module of an experiment, through its backend adapter."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import select_module
     from primus.runtime.adapter import ModuleConfig
@@ -125,32 +106,3 @@ def _preflight(args: argparse.Namespace, overrides: list[str]) -> int:
         return executors.run_srun(request, config, dry_run=args.dry_run)
     return executors.run_slurm(request, config, run_dir=report_dir, exp_name="preflight",
                                extra_sbatch=sbatch_extra, dry_run=args.dry_run)
-
-
-def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False) -> tuple[str, int]:
-    """The text (or JSON) ``primus plan`` prints and its exit status."""
-    from primus.preflight.estimate import format_plan, make_plan
-    from primus.preflight.findings import worst
-    from primus.preflight.layout import check_layout
-    from primus.preflight.thresholds import load_thresholds
-
-    thresholds = load_thresholds(thresholds_path)
-    problems = check_layout(model, layout)
-    if worst(problems) == "fail":
-        lines = [f"{p.level}: {p.message}" for p in problems]
-        return ("\n".join(lines) if not as_json else json.dumps({"problems": [p.to_dict() for p in problems]}, indent=2)), 1
-    plan = make_plan(model, layout, device, usable_fraction=thresholds["memory"]["usable_fraction"])
-    code = 1 if plan.fits is False else 0
-    if as_json:
-        return json.dumps({**plan.to_dict(), "problems": [p.to_dict() for p in problems]}, indent=2), code
-    text = format_plan(plan)
-    if problems:
-        text += "\n" + "\n".join(f"{p.level}: {p.message}" for p in problems)
-    return text, code
-
-
-def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
-    model, layout = load_experiment(args.exp, overrides, args.module)
-    text, code = run_plan(model, layout, args.device, args.thresholds, args.json)
-    print(text, file=sys.stdout)
-    return code

@@ -51,7 +51,7 @@ class PreflightOptions:
     sizes: list[int] | None = None  # collective message sizes in bytes; None: by device and --quick
     timeout: float = 60.0  # seconds for every rank to join, and for each later gather
     thresholds: str | None = None  # user YAML overriding thresholds.yaml
-    experiment: dict[str, Any] | None = None  # {"model": LlamaModelSpec dict, "layout": ParallelLayout dict}
+    experiment: dict[str, Any] | None = None  # {"model": ModelSpec dict, "layout": ParallelLayout dict}
     hosts: list[str] | None = None  # host of each node (by node rank), to name ranks that never join
     simulate_absent_ranks: list[int] = field(default_factory=list)  # test hook: these ranks never join
     workspace: str | None = None  # where the job writes, for the disk-space check; default the cwd

@@ -96,7 +96,7 @@ def worker_main(options: dict[str, Any]) -> int:
 
 
 def _leader(store, identity, device, opts, thresholds) -> int:
-    from primus.preflight.report import build_report, write_report
+    from primus.preflight.report import build_report
 
     world = identity["world_size"]
     started = time.monotonic()

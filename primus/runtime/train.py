@@ -14,7 +14,7 @@ from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import setup_logging
 from primus.runtime.adapter import ModuleConfig
 from primus.runtime.context import RunContext
-from primus.runtime.flops import peak_tflops
+from primus.plan.devices import peak_tflops
 from primus.runtime.metrics import MetricsReporter
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER, Preempted, StopSignal

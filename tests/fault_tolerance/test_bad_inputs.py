@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest

@@ -1,5 +1,4 @@
 """Container command lines, exactly: devices, mounts, environment, secrets (docker, podman, apptainer)."""
-from pathlib import Path
 
 import pytest
 

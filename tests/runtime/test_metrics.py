@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from primus.config.model_spec import LlamaModelSpec
-from primus.runtime.flops import dense_decoder_flops_per_token, device_key, peak_tflops
+from primus.plan.model import ModelSpec
+from primus.plan.devices import device_key, peak_tflops
+from primus.plan.flops import dense_decoder_flops_per_token
 from primus.runtime.metrics import MetricsReporter, StepReport, derive, format_train_line
 
 
@@ -36,7 +37,7 @@ def test_peak_table_and_override(monkeypatch):
 
 
 def test_flops_formula_by_hand():
-    spec = LlamaModelSpec(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, multiple_of=32, vocab_size=512)
+    spec = ModelSpec(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, multiple_of=32, vocab_size=512)
     # attention: q,o 128x128 each; k,v 128x64 each; mlp 3 x 128x352; head 128x512
     per_layer = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352
     assert spec.matmul_params() == 2 * per_layer + 128 * 512
@@ -53,8 +54,8 @@ def test_param_count_matches_torchtitan_exactly():
 
     from primus.backends.torchtitan.model import build_model_spec
 
-    for spec in [LlamaModelSpec(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, multiple_of=32, vocab_size=512),
-                 LlamaModelSpec(n_layers=3, dim=96, n_heads=6, ffn_hidden_size=200, vocab_size=300)]:
+    for spec in [ModelSpec(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, multiple_of=32, vocab_size=512),
+                 ModelSpec(n_layers=3, dim=96, n_heads=6, ffn_hidden_size=200, vocab_size=300)]:
         with torch.device("meta"):
             model = build_model_spec(spec, "sdpa").model.build()
         assert sum(p.numel() for p in model.parameters()) == spec.total_params()

@@ -78,7 +78,7 @@ class MegatronAdapter(BackendAdapter):
         check_parallel_layout(args, world_size, module=module.name)
 
     def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
-        """(LlamaModelSpec, ParallelLayout) for ``primus plan`` from Megatron-LM arguments."""
+        """(ModelSpec, ParallelLayout) for ``primus plan`` from Megatron-LM arguments."""
         from primus.backends.megatron.plan import plan_inputs
 
         return plan_inputs(module.params, world_size)

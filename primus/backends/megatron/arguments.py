@@ -4,7 +4,7 @@ Users coming from Megatron-LM (or AMD Primus YAMLs) write the flat keys they kno
 (``num_layers``, ``tensor_model_parallel_size``, ``lr_warmup_iters`` ...). ``MegatronArgs`` is
 the whole accepted surface: an unknown key is an error with a did-you-mean, never ignored.
 
-A ``model:`` block of neutral ``LlamaModelSpec`` keys (the preset TorchTitan also reads) may
+A ``model:`` block of neutral ``ModelSpec`` keys (the preset TorchTitan also reads) may
 sit beside the flat keys; it is translated first and flat keys given explicitly override it.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from primus.config.errors import ConfigError, did_you_mean
-from primus.config.model_spec import LlamaModelSpec
+from primus.plan.model import ModelSpec
 
 # Keys describing the network: never part of defaults() or the module preset, so that a
 # neutral `model:` block is not silently overridden by a default value.
@@ -123,7 +123,7 @@ class MegatronArgs(BaseModel):
     eval_interval: int | None = Field(1000, gt=0)
     eval_iters: int = Field(100, ge=0)
 
-    # The neutral model block (LlamaModelSpec keys); translated before validation.
+    # The neutral model block (ModelSpec keys); translated before validation.
     model: dict[str, Any] | None = None
 
     @property
@@ -139,8 +139,8 @@ class MegatronArgs(BaseModel):
 
 
 def translate_neutral_model(model: dict[str, Any]) -> dict[str, Any]:
-    """A ``model:`` block of ``LlamaModelSpec`` keys -> Megatron-LM arguments for the same network."""
-    spec = LlamaModelSpec(**model)
+    """A ``model:`` block of ``ModelSpec`` keys -> Megatron-LM arguments for the same network."""
+    spec = ModelSpec(**model)
     return {
         "num_layers": spec.n_layers,
         "hidden_size": spec.dim,
@@ -180,7 +180,7 @@ def parse_args(params: dict[str, Any], *, module: str = "pre_trainer", provenanc
         try:
             merged.update(translate_neutral_model(model))
         except (ValidationError, TypeError) as exc:
-            raise _config_error(exc, f"modules.{module}.model", LlamaModelSpec.model_fields, provenance) from None
+            raise _config_error(exc, f"modules.{module}.model", ModelSpec.model_fields, provenance) from None
     merged.update(params)
     try:
         args = MegatronArgs(**merged)

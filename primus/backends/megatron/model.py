@@ -256,7 +256,7 @@ def num_floating_point_operations(args: MegatronArgs, batch_size: int, vocab_siz
     12 = 3 (forward, weight-grad, data-grad GEMMs) x 2 (GEMMs come in pairs) x 2 (multiply-add).
     B batch, s seq_length, L layers, h hidden, n heads, g query groups, d_kv kv_channels, f FFN
     width, V padded vocabulary. As in Megatron-LM the attention scores are counted without a
-    causal discount (``primus.runtime.flops`` halves them; Megatron's own number is reported here).
+    causal discount (``primus.plan.flops`` halves them; Megatron's own number is reported here).
     """
     kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
     query_ratio = kv_channels * args.num_attention_heads / args.hidden_size

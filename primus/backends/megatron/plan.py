@@ -4,18 +4,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from primus.config.model_spec import LlamaModelSpec
+from primus.plan.model import ModelSpec
 
 
 def plan_inputs(params: dict[str, Any], world_size: int | None = None):
     """The neutral ``model:`` block when present, overridden by explicit Megatron shape args."""
     from primus.backends.megatron.adapter import megatron_params
     from primus.backends.megatron.arguments import parse_args
-    from primus.preflight.layout import ParallelLayout
+    from primus.plan.layout import ParallelLayout
 
     args = parse_args(megatron_params(params))
     neutral = dict(params.get("model") or {})
-    model = LlamaModelSpec(**{
+    model = ModelSpec(**{
         **neutral,
         "n_layers": args.num_layers, "dim": args.hidden_size, "n_heads": args.num_attention_heads,
         "n_kv_heads": args.num_query_groups if args.group_query_attention else None,

@@ -11,7 +11,7 @@ from primus.config.provenance import Provenance
 from primus.data.tiny_assets import tiny_assets_dir
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.context import RunContext
-from primus.runtime.flops import dense_decoder_flops_per_token
+from primus.plan.flops import dense_decoder_flops_per_token
 from primus.runtime.metrics import StepReport
 from primus.runtime.preemption import Preempted
 
@@ -208,7 +208,7 @@ class TorchTitanAdapter(BackendAdapter):
                 dist.destroy_process_group()
 
     def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
-        """(LlamaModelSpec, ParallelLayout) for ``primus plan`` / preflight's experiment checks."""
+        """(ModelSpec, ParallelLayout) for ``primus plan`` / preflight's experiment checks."""
         from primus.backends.torchtitan.plan import plan_inputs
 
         return plan_inputs(module.params, world_size)

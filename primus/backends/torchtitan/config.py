@@ -6,7 +6,7 @@ pydantic's ``TypeAdapter``. Keys Primus consumes itself (``PRIMUS_KEYS``) never 
 engine.
 
 Primus conveniences on top of the native tree (documented in the README):
-- ``model``: the neutral Llama description (``LlamaModelSpec``), turned into ``model_spec``;
+- ``model``: the neutral Llama description (``ModelSpec``), turned into ``model_spec``;
 - ``attn_backend``: ``auto`` (SDPA on CPU, flex on GPU) | sdpa | flex | flex_flash | varlen;
 - ``optimizer.{name,lr,betas,eps,weight_decay}``: one catch-all param group;
 - ``activation_checkpoint.mode``: selective | full | memory_budget | none;
@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from primus.config.errors import ConfigError, did_you_mean
-from primus.config.model_spec import LlamaModelSpec
+from primus.plan.model import ModelSpec
 from primus.config.provenance import Provenance
 from primus.config.schema import validate_model
 from primus.backends.torchtitan.model import ATTENTION_BACKENDS, build_model_spec
@@ -101,12 +101,12 @@ def apply_tree(obj: Any, data: dict[str, Any], ctx: BuildContext, path: str = ""
             setattr(obj, name, _check_type(type(obj), name, copy.deepcopy(value), ctx, key))
 
 
-def _model_spec(params: dict[str, Any], ctx: BuildContext) -> LlamaModelSpec:
+def _model_spec(params: dict[str, Any], ctx: BuildContext) -> ModelSpec:
     if "model" not in params:
         raise ctx.fail("model", "missing: set `model:` in the experiment (a model preset such as llama3_tiny.yaml)")
     if not isinstance(params["model"], dict):
         raise ctx.fail("model", "must be a mapping of the neutral Llama keys (n_layers, dim, ...)")
-    return validate_model(LlamaModelSpec, params["model"], ctx.provenance or Provenance(), f"{ctx.prefix}.model")
+    return validate_model(ModelSpec, params["model"], ctx.provenance or Provenance(), f"{ctx.prefix}.model")
 
 
 def _attn_backend(params: dict[str, Any], device: str, ctx: BuildContext) -> str:
@@ -172,7 +172,7 @@ def _activation_checkpoint(cfg: Any, section: dict[str, Any], ctx: BuildContext)
 
 def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
                          provenance: Provenance | None = None, prefix: str = "modules.pre_trainer"):
-    """Return ``(Trainer.Config, LlamaModelSpec, derived settings)``; raises ConfigError."""
+    """Return ``(Trainer.Config, ModelSpec, derived settings)``; raises ConfigError."""
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer

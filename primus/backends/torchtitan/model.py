@@ -1,4 +1,4 @@
-"""Neutral ``LlamaModelSpec`` -> TorchTitan's own ``ModelSpec`` (llama3 family).
+"""Neutral ``ModelSpec`` -> TorchTitan's own ``ModelSpec`` (llama3 family).
 
 Built from TorchTitan's public config classes the same way its registry builds its
 flavors (``torchtitan.models.llama3.model_registry``), with the same initialisers; only the
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from primus.config.model_spec import LlamaModelSpec
+from primus.plan.model import ModelSpec
 
 ATTENTION_BACKENDS = ("sdpa", "flex", "flex_flash", "varlen")
 
@@ -24,7 +24,7 @@ def _inner_attention(backend: str):
     return get_attention_config(backend)
 
 
-def build_model_spec(spec: LlamaModelSpec, attn_backend: str):
+def build_model_spec(spec: ModelSpec, attn_backend: str):
     import torch.nn as nn
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
@@ -32,7 +32,7 @@ def build_model_spec(spec: LlamaModelSpec, attn_backend: str):
     from torchtitan.models.common.param_init import depth_scaled_std
     from torchtitan.models.llama3 import Llama3StateDictAdapter, parallelize_llama
     from torchtitan.models.llama3.model import Llama3Model, Llama3TransformerBlock
-    from torchtitan.protocols.model_spec import ModelSpec
+    from torchtitan.protocols.model_spec import ModelSpec as TitanModelSpec
 
     # TorchTitan's llama3 embedding init is N(0, 1); the neutral key may ask for another std.
     embedding_std = 1.0 if spec.embedding_init_std is None else spec.embedding_init_std
@@ -74,6 +74,6 @@ def build_model_spec(spec: LlamaModelSpec, attn_backend: str):
         layers=layers,
         enable_weight_tying=spec.tie_embeddings,
     )
-    return ModelSpec(name="llama3", flavor=spec.family, model=model, parallelize_fn=parallelize_llama,
+    return TitanModelSpec(name="llama3", flavor=spec.family, model=model, parallelize_fn=parallelize_llama,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
                      state_dict_adapter=Llama3StateDictAdapter)

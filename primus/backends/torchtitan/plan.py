@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from primus.config.model_spec import LlamaModelSpec
+from primus.plan.model import ModelSpec
 
 
 def _world_size(given: int | None = None) -> int:
@@ -16,12 +16,12 @@ def _world_size(given: int | None = None) -> int:
 
 
 def plan_inputs(params: dict[str, Any], world_size: int | None = None):
-    """(LlamaModelSpec, ParallelLayout). ``data_parallel_shard_degree: -1`` fills the world
+    """(ModelSpec, ParallelLayout). ``data_parallel_shard_degree: -1`` fills the world
     (``world_size`` when the launcher knows it, else ``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``,
     else 1), as TorchTitan does at start-up."""
-    from primus.preflight.layout import ParallelLayout
+    from primus.plan.layout import ParallelLayout
 
-    model = LlamaModelSpec(**params["model"])
+    model = ModelSpec(**params["model"])
     training = params.get("training") or {}
     parallel = params.get("parallelism") or {}
     tp = parallel.get("tensor_parallel_degree", 1)

@@ -3,22 +3,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from primus.config.model_spec import LlamaModelSpec
+from primus.plan.model import ModelSpec
 from primus.preflight.checks import Context
-from primus.preflight.estimate import GIB, make_plan
+from primus.plan.estimate import GIB, make_plan
 from primus.preflight.findings import Finding, fail, info, worst
-from primus.preflight.layout import ParallelLayout, check_layout
+from primus.plan.layout import ParallelLayout, check_layout
 
 
 def collect(options: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def experiment_objects(options: dict[str, Any]) -> tuple[LlamaModelSpec, ParallelLayout] | None:
+def experiment_objects(options: dict[str, Any]) -> tuple[ModelSpec, ParallelLayout] | None:
     exp = options.get("experiment")
     if not exp:
         return None
-    return LlamaModelSpec(**exp["model"]), ParallelLayout.from_dict(exp["layout"])
+    return ModelSpec(**exp["model"]), ParallelLayout.from_dict(exp["layout"])
 
 
 def evaluate(ranks: dict[int, dict[str, Any]], ctx: Context) -> list[Finding]:
@@ -26,7 +26,8 @@ def evaluate(ranks: dict[int, dict[str, Any]], ctx: Context) -> list[Finding]:
     if objects is None:
         return [info("experiment", "no experiment given: layout and memory checks skipped")]
     model, layout = objects
-    found = check_layout(model, layout, ctx.world_size)
+    found = [Finding("experiment", issue.level, issue.message, dict(issue.details))
+             for issue in check_layout(model, layout, ctx.world_size)]
     if worst(found) == "fail":
         return found
     memories = [f["accelerators"]["memory_total"] for f in ranks.values() if f.get("accelerators", {}).get("available")]

@@ -45,9 +45,9 @@ TORCHTITAN = """
     apply_patches()
     import torch
     from primus.backends.torchtitan.model import build_model_spec
-    from primus.config.model_spec import LlamaModelSpec
+    from primus.plan.model import ModelSpec
     torch.manual_seed(42)
-    model = build_model_spec(LlamaModelSpec(**SPEC), "sdpa").model.build()
+    model = build_model_spec(ModelSpec(**SPEC), "sdpa").model.build()
     model.init_weights()
     out = {"embedding": model.tok_embeddings.weight, "head": model.lm_head.weight}
 """

@@ -8,7 +8,7 @@ Parameters per rank (the heaviest pipeline stage)
     replicated. A stage holds ``n_layers / pp`` layers; the first stage also holds the
     embedding, the last the output head and the final norm (a tied head is a second copy
     when pp > 1, as in Megatron). With tp = pp = 1 this is exactly
-    ``LlamaModelSpec.total_params()``.
+    ``ModelSpec.total_params()``.
 
 Memory per rank, bytes (``N`` = parameters per rank, ``D`` = dp x cp, B(x) = bytes of dtype x)
     weights    = N * B(param_dtype)                         / D  if sharding == fsdp
@@ -39,9 +39,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from primus.config.errors import ConfigError, did_you_mean
-from primus.config.model_spec import LlamaModelSpec
-from primus.preflight.layout import DTYPE_BYTES, ParallelLayout
-from primus.runtime.flops import DEVICE_MEMORY_GIB, PEAK_TFLOPS, dense_decoder_flops_per_token, device_key
+from primus.plan.model import ModelSpec
+from primus.plan.layout import DTYPE_BYTES, ParallelLayout
+from primus.plan.devices import DEVICE_MEMORY_GIB, PEAK_TFLOPS, device_key
+from primus.plan.flops import dense_decoder_flops_per_token
 
 GIB = 1024**3
 
@@ -66,7 +67,7 @@ class ParamEstimate:
     per_stage: list[int]
 
 
-def estimate_params(model: LlamaModelSpec, layout: ParallelLayout) -> ParamEstimate:
+def estimate_params(model: ModelSpec, layout: ParallelLayout) -> ParamEstimate:
     t, p = layout.tp, layout.pp
     attention = model.dim * model.head_dim * (model.n_heads + 2 * model.kv_heads) + model.n_heads * model.head_dim * model.dim
     mlp = 3 * model.dim * model.ffn_dim
@@ -106,7 +107,7 @@ class MemoryEstimate:
                 "activations": self.activations, "logits": self.logits, "total": self.total}
 
 
-def activation_bytes_per_layer(model: LlamaModelSpec, layout: ParallelLayout, flash_attention: bool = True) -> int:
+def activation_bytes_per_layer(model: ModelSpec, layout: ParallelLayout, flash_attention: bool = True) -> int:
     """Korthikanti et al.: see the module docstring."""
     s = layout.seq_len // layout.cp
     b, h, a, t = layout.micro_batch_size, model.dim, model.n_heads, layout.tp
@@ -116,7 +117,7 @@ def activation_bytes_per_layer(model: LlamaModelSpec, layout: ParallelLayout, fl
     return (34 * s * b * h + scores) // t
 
 
-def estimate_memory(model: LlamaModelSpec, layout: ParallelLayout, *, flash_attention: bool = True) -> MemoryEstimate:
+def estimate_memory(model: ModelSpec, layout: ParallelLayout, *, flash_attention: bool = True) -> MemoryEstimate:
     n = estimate_params(model, layout).per_rank
     shards = layout.dp * layout.cp
     fsdp = layout.sharding == "fsdp"
@@ -145,8 +146,8 @@ class FlopsEstimate:
     per_rank_per_step: float
 
 
-def estimate_flops(model: LlamaModelSpec, layout: ParallelLayout) -> FlopsEstimate:
-    """Training FLOPs with ``primus.runtime.flops`` (the formula every backend reports MFU with)."""
+def estimate_flops(model: ModelSpec, layout: ParallelLayout) -> FlopsEstimate:
+    """Training FLOPs with ``primus.plan.flops`` (the formula every backend reports MFU with)."""
     per_token = dense_decoder_flops_per_token(n_layers=model.n_layers, dim=model.dim, seq_len=layout.seq_len,
                                               matmul_params=model.matmul_params())
     tokens = layout.effective_global_batch_size * layout.seq_len
@@ -182,7 +183,7 @@ class Plan:
                 "fits": self.fits, "ideal_step_seconds": self.ideal_step_seconds}
 
 
-def make_plan(model: LlamaModelSpec, layout: ParallelLayout, device: str | None = None, *,
+def make_plan(model: ModelSpec, layout: ParallelLayout, device: str | None = None, *,
               device_memory: int | None = None, usable_fraction: float = 0.9, flash_attention: bool = True) -> Plan:
     """Everything ``primus plan`` prints. ``device_memory`` (bytes) wins over the table."""
     if device and device_memory is None:

@@ -1,15 +1,4 @@
-"""Model FLOPs and device peaks, so every backend reports TFLOP/s and MFU the same way.
-
-Dense decoder FLOPs per token (training = forward + backward = 3 x forward):
-
-    flops_per_token = 6 * N_matmul + 6 * n_layers * seq_len * dim      (causal)
-
-``N_matmul`` counts the parameters that take part in matrix multiplies (all except
-embeddings and norms; the output head counts). The attention term is the score and
-value matmuls, 2 * 2 * seq * dim per token forward, halved because a causal mask makes
-half of the scores zero: 12 * L * s * d / 2 = 6 * L * s * d. (PaLM's appendix B uses 12 *
-L * s * d, i.e. no causal discount; we state ours and use it for every backend.)
-"""
+"""Accelerator peaks and memory sizes, for MFU and for "does it fit" (vendor data sheets)."""
 from __future__ import annotations
 
 import os
@@ -36,14 +25,6 @@ DEVICE_MEMORY_GIB: dict[str, float] = {
     "mi325x": 256.0,
     "mi355x": 288.0,
 }
-
-
-def dense_decoder_flops_per_token(
-    *, n_layers: int, dim: int, seq_len: int, matmul_params: int, causal: bool = True
-) -> float:
-    """Training FLOPs per token of a dense decoder (see module docstring for the formula)."""
-    attention = 12 * n_layers * seq_len * dim
-    return 6 * matmul_params + (attention / 2 if causal else attention)
 
 
 def device_key(device_name: str) -> str | None:

@@ -1,6 +1,7 @@
-"""The neutral description of a Llama-3-family decoder, shared by every LLM backend.
+"""The neutral description of a decoder-only LLM (dense or MoE, GQA or MLA), shared by every LLM backend.
 
-A model preset (``configs/models/common/*.yaml``) holds one ``model:`` block of these keys;
+Each backend describes its network in these terms (``EnginePlan.model``), so parameters, FLOPs and
+memory are computed one way for all engines (``primus.plan``). A model preset (``configs/models/common/*.yaml``) holds one ``model:`` block of these keys;
 TorchTitan and Megatron each translate it into their own model config, so switching
 ``framework:`` keeps the same network.
 
@@ -18,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class LlamaModelSpec(BaseModel):
+class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     family: str = Field("llama3", description="informational: llama2, llama3, llama3.1 ...")
@@ -35,22 +36,53 @@ class LlamaModelSpec(BaseModel):
     norm_eps: float = 1e-5
     max_seq_len: int = 131072
     tie_embeddings: bool = False
+    # Attention details beyond Llama (Qwen, DeepSeek).
+    head_dim: int = Field(None, gt=0, description="per-head width; default dim / n_heads (Qwen3 sets its own)")
+    qkv_bias: bool = Field(False, description="biases on the Q/K/V projections (Qwen2)")
+    qk_norm: bool = Field(False, description="RMSNorm on queries and keys per head (Qwen3)")
+    # Multi-latent attention (DeepSeek V2/V3); on when kv_lora_rank is set.
+    q_lora_rank: int | None = Field(None, gt=0, description="MLA query compression rank; None = no Q LoRA")
+    kv_lora_rank: int | None = Field(None, gt=0, description="MLA key/value compression rank")
+    qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA per-head Q/K width without RoPE")
+    qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA per-head Q/K width with RoPE")
+    v_head_dim: int | None = Field(None, gt=0, description="MLA per-head value width")
+    # Mixture of experts; dense when n_experts is 0.
+    n_experts: int = Field(0, ge=0, description="routed experts per MoE layer")
+    top_k: int = Field(0, ge=0, description="experts each token is routed to")
+    moe_ffn_hidden_size: int | None = Field(None, gt=0, description="width of one routed expert")
+    shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="total width of the shared experts")
+    moe_layer_freq: int | list[int] = Field(
+        1, description="Megatron-LM's --moe-layer-freq: every k-th layer is MoE, or a 0/1 per layer")
+    mtp_layers: int = Field(0, ge=0, description="multi-token-prediction layers (DeepSeek V3)")
     embedding_init_std: float | None = Field(
         None, gt=0,
         description="std of the normal init of the token embedding; None = each engine's own default "
                     "(TorchTitan 1.0, Megatron init_method_std = 0.02). Set it for the same start on every backend.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_head_dim(cls, data):
+        if isinstance(data, dict) and data.get("head_dim") is None:
+            dim, heads = data.get("dim"), data.get("n_heads")
+            if isinstance(dim, int) and isinstance(heads, int) and heads > 0:
+                if dim % heads:
+                    raise ValueError(f"dim ({dim}) must be divisible by n_heads ({heads}) unless head_dim is set")
+                data = {**data, "head_dim": dim // heads}
+        return data
+
     @model_validator(mode="after")
-    def _heads_divide(self) -> "LlamaModelSpec":
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+    def _heads_divide(self) -> "ModelSpec":
         if self.n_kv_heads and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
         return self
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
 
     @property
     def kv_heads(self) -> int:

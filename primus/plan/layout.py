@@ -5,12 +5,28 @@ settings into one (the lead's ``resolve_experiment`` path), and tests build it d
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from primus.config.errors import ConfigError, did_you_mean
-from primus.config.model_spec import LlamaModelSpec
-from primus.preflight.findings import Finding, fail, warn
+from primus.plan.model import ModelSpec
+
+@dataclass(frozen=True)
+class LayoutIssue:
+    """One way a layout does not fit: ``fail`` (it cannot run) or ``warn`` (it runs, badly)."""
+
+    level: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def worst_level(issues: list[LayoutIssue]) -> str:
+    levels = [issue.level for issue in issues]
+    return "fail" if "fail" in levels else "warn" if levels else "info"
+
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 SHARDING = ("none", "optimizer", "fsdp")  # replicated, distributed optimizer (ZeRO-1), FSDP (ZeRO-3)
@@ -22,6 +38,8 @@ class ParallelLayout:
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    ep: int = 1  # expert parallel: experts split over ep ranks (inside the dp x cp x tp ranks, as Megatron)
+    etp: int | None = None  # expert tensor parallel; None = tp
     micro_batch_size: int = 1
     global_batch_size: int | None = None  # None: micro_batch_size * dp (one micro-batch per step)
     seq_len: int = 2048
@@ -33,7 +51,7 @@ class ParallelLayout:
     master_weights: bool = True  # an fp32 master copy when param_dtype is lower precision
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "cp", "micro_batch_size", "seq_len"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch_size", "seq_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"layout {name} must be a positive integer, got {value!r}")
@@ -74,16 +92,16 @@ class ParallelLayout:
         return max(1, self.effective_global_batch_size // (self.micro_batch_size * self.dp))
 
 
-def check_layout(model: LlamaModelSpec, layout: ParallelLayout, world_size: int | None = None) -> list[Finding]:
+def check_layout(model: ModelSpec, layout: ParallelLayout, world_size: int | None = None) -> list[LayoutIssue]:
     """Every way the layout does not fit the model or the world, one line each.
 
     ``world_size`` None skips the world check (``primus plan`` without a launch).
     """
     t, p = layout.tp, layout.pp
-    found: list[Finding] = []
+    found: list[LayoutIssue] = []
 
     def bad(message: str, **details: Any) -> None:
-        found.append(fail("experiment", message, **details))
+        found.append(LayoutIssue("fail", message, details))
 
     if world_size is not None and layout.world_size != world_size:
         bad(f"tp x pp x dp x cp = {t} x {p} x {layout.dp} x {layout.cp} = {layout.world_size} "
@@ -102,8 +120,8 @@ def check_layout(model: LlamaModelSpec, layout: ParallelLayout, world_size: int 
     if layout.seq_len % layout.cp:
         bad(f"seq_len ({layout.seq_len}) is not divisible by cp ({layout.cp})")
     if layout.seq_len > model.max_seq_len:
-        found.append(warn("experiment", f"seq_len ({layout.seq_len}) exceeds the model's max_seq_len ({model.max_seq_len})"))
+        found.append(LayoutIssue("warn", f"seq_len ({layout.seq_len}) exceeds the model's max_seq_len ({model.max_seq_len})"))
     if p > 1 and not gbs % (mbs * dp) and layout.num_microbatches < p:
-        found.append(warn("experiment", f"only {layout.num_microbatches} micro-batches for {p} pipeline stages: "
-                          "most of each step is pipeline bubble", num_microbatches=layout.num_microbatches))
+        found.append(LayoutIssue("warn", f"only {layout.num_microbatches} micro-batches for {p} pipeline stages: "
+                          "most of each step is pipeline bubble", {"num_microbatches": layout.num_microbatches}))
     return found

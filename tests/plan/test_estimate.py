@@ -6,17 +6,17 @@ import json
 import pytest
 
 from primus.config.errors import ConfigError
-from primus.config.model_spec import LlamaModelSpec
-from primus.preflight.cli import run_plan
-from primus.preflight.estimate import GIB, device_memory_bytes, estimate_flops, estimate_memory, estimate_params, make_plan
-from primus.preflight.layout import ParallelLayout, check_layout
+from primus.plan.model import ModelSpec
+from primus.cli.plan import run_plan
+from primus.plan.estimate import GIB, device_memory_bytes, estimate_flops, estimate_memory, estimate_params, make_plan
+from primus.plan.layout import ParallelLayout, check_layout
 
 TINY = dict(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_hidden_size=128, vocab_size=100)
 
 
 @pytest.fixture
-def tiny() -> LlamaModelSpec:
-    return LlamaModelSpec(**TINY)
+def tiny() -> ModelSpec:
+    return ModelSpec(**TINY)
 
 
 def test_parameter_count_by_hand(tiny):
@@ -91,7 +91,7 @@ def test_flops_use_runtime_formula(tiny):
     ({**TINY, "ffn_hidden_size": 100}, ParallelLayout(tp=8, dp=1), None, "ffn width (100) is not divisible by tp (8)"),
 ])
 def test_each_bad_layout_is_one_line(model, layout, world, needle):
-    spec = LlamaModelSpec(**{**model, **({"n_heads": 8, "n_kv_heads": 8, "dim": 64} if "ffn width" in needle else {})})
+    spec = ModelSpec(**{**model, **({"n_heads": 8, "n_kv_heads": 8, "dim": 64} if "ffn width" in needle else {})})
     found = [f for f in check_layout(spec, layout, world) if f.level == "fail"]
     assert len(found) == 1, [f.message for f in found]
     assert needle in found[0].message and "\n" not in found[0].message
@@ -123,7 +123,7 @@ def test_device_table_and_fit(tiny):
 def test_run_plan_text_json_and_exit_status(tiny):
     text, code = run_plan(tiny, ParallelLayout(), "mi300x")
     assert code == 0 and "parameters        86,848 total" in text and "fits" in text
-    llama8b = LlamaModelSpec(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_hidden_size=14336, vocab_size=128256)
+    llama8b = ModelSpec(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_hidden_size=14336, vocab_size=128256)
     text, code = run_plan(llama8b, ParallelLayout(seq_len=8192), "h100")
     assert code == 1 and "does NOT fit" in text  # 8B x 18 bytes = 144 GB of states alone
     data = json.loads(run_plan(llama8b, ParallelLayout(seq_len=8192, dp=8, sharding="fsdp", recompute=True),
