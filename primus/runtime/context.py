@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +10,16 @@ from pathlib import Path
 from primus.runtime.faults import maybe_inject
 from primus.runtime.preemption import StopSignal
 from primus.runtime.metrics import MetricsReporter, StepMetrics, StepReport
+
+
+class NonFiniteLoss(RuntimeError):
+    """The global loss of a step is NaN or infinite: the run stops before that state is saved."""
+
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"non-finite loss ({loss}) at step {step}: stopped before saving a checkpoint of this "
+                         "state (lower the learning rate, or check the data; Megatron-LM's "
+                         "check_for_nan_in_loss_and_grad: false lets it continue)")
+        self.step, self.loss = step, loss
 
 
 @dataclass
@@ -22,6 +33,8 @@ class RunContext:
     reporter: MetricsReporter
     resume: bool = False  # continue from the latest checkpoint under checkpoint_dir
     stop: StopSignal = field(default_factory=StopSignal)
+    stop_on_non_finite_loss: bool = True  # a backend turns it off when the user asked to continue
+
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -36,8 +49,12 @@ class RunContext:
         return "nccl" if self.device.startswith("cuda") else "gloo"
 
     def report_step(self, report: StepReport) -> StepMetrics:
+        """Record one optimizer step; raises ``NonFiniteLoss`` (on every rank: the loss is global)
+        before the engine can checkpoint a NaN state."""
         metrics = self.reporter.report(report)
         maybe_inject(self.rank, report.step)
+        if self.stop_on_non_finite_loss and not math.isfinite(metrics.loss):
+            raise NonFiniteLoss(report.step, metrics.loss)
         return metrics
 
     def should_stop(self) -> bool:

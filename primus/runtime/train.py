@@ -13,7 +13,7 @@ from typing import Any
 from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import setup_logging
 from primus.runtime.adapter import ModuleConfig
-from primus.runtime.context import RunContext
+from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import peak_tflops
 from primus.runtime.metrics import MetricsReporter
 from primus.runtime.registry import get_adapter
@@ -70,6 +70,9 @@ def train_worker(payload: dict[str, Any]) -> int:
         if rank == 0:
             (run_dir / PREEMPTED_MARKER).write_text(json.dumps({"step": stop.step, "checkpointed": stop.checkpointed}))
         return PREEMPTED_EXIT
+    except NonFiniteLoss as exc:
+        logger.error("rank %d: %s", rank, exc)  # one line: a training outcome, not a Primus bug
+        raise
     except BaseException:
         logger.exception("rank %d failed", rank)
         raise

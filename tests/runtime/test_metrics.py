@@ -91,3 +91,24 @@ def test_tensorboard_events_hold_every_scalar_per_step(tmp_path):
     assert "train/tflops" not in events.Tags()["scalars"]  # None values are left out, not written as 0
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 3.0), (2, 2.0), (3, 1.0)]
     assert [e.value for e in events.Scalars("train/tokens_per_sec")] == [1024.0] * 3
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+def test_a_non_finite_loss_stops_the_run_after_it_is_recorded(tmp_path, loss):
+    import logging
+
+    from primus.runtime.context import NonFiniteLoss, RunContext
+    from primus.runtime.metrics import MetricsReporter, StepReport
+
+    reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None, enable_tensorboard=False)
+    ctx = RunContext(run_dir=tmp_path, rank=0, local_rank=0, world_size=1, device="cpu",
+                     logger=logging.getLogger("t"), reporter=reporter)
+    ctx.report_step(StepReport(step=1, loss=2.0, step_time_s=0.1, samples=1))
+    with pytest.raises(NonFiniteLoss, match="at step 2"):
+        ctx.report_step(StepReport(step=2, loss=loss, step_time_s=0.1, samples=1))
+    reporter.close()
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2  # the bad step is on record
+    ctx.stop_on_non_finite_loss = False
+    ctx.reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None,
+                                   enable_tensorboard=False)
+    ctx.report_step(StepReport(step=3, loss=loss, step_time_s=0.1, samples=1))  # asked to continue
