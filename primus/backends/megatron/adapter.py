@@ -90,10 +90,9 @@ class MegatronAdapter(BackendAdapter):
         checks = []
         if params.get("tokenizer_model"):
             checks.append(("tokenizer_model", Path(params["tokenizer_model"])))
-        if not params.get("mock_data"):
-            from primus.backends.megatron.data import blend_prefixes
+        from primus.backends.megatron.data import data_prefixes  # meg: data_path and train/valid/test_data_path
 
-            checks += [("data_path", Path(f"{p}.idx")) for p in blend_prefixes(params.get("data_path") or [])]
+        checks += [(key, Path(f"{p}.idx")) for key, p in data_prefixes(params)]
         if params.get("load"):
             checks.append(("load", Path(params["load"])))
         for key, path in checks:
@@ -118,4 +117,4 @@ class MegatronAdapter(BackendAdapter):
                 ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
         from primus.backends.megatron.trainer import train
 
-        train(args, ctx)
+        train(args, ctx, module.name)
