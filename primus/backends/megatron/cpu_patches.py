@@ -158,8 +158,141 @@ def patch_param_type_checks() -> None:
     _install_cpu_mode()
 
 
+def patch_moe_router_gemm_name() -> None:
+    """Define ``moe_utils.te_general_gemm`` (as None) when Transformer Engine is absent.
+
+    Why: megatron-core 0.16 imports ``te_general_gemm`` inside ``try: ... except ImportError:
+    HAVE_TE = False`` but ``RouterGatingLinearFunction`` tests ``te_general_gemm is not None``
+    unguarded, so any MoE router with ``moe_router_dtype`` (fp32/fp64) raises NameError without
+    Transformer Engine. None is exactly the "not available" value that code expects.
+    """
+    from megatron.core.transformer.moe import moe_utils
+
+    if not moe_utils.HAVE_TE and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+class _NoCudaStream:
+    """Stands in for the alltoall dispatcher's class-level CUDA side stream on CPU (never used)."""
+
+
+def patch_alltoall_dispatcher_without_cuda_streams() -> None:
+    """The alltoall token dispatcher's device-to-host step without CUDA streams.
+
+    Why: ``MoEAlltoAllTokenDispatcher.__init__`` creates a class-wide ``torch.cuda.Stream()`` and
+    ``_maybe_dtoh_and_synchronize`` copies the split sizes to the host on it, recording a CUDA
+    event; on a CPU-only torch both raise. The copy also turns the split sizes into numpy arrays
+    (``maybe_move_tensor_to_cpu(as_numpy=True)`` only converts CUDA tensors), and
+    ``torch.distributed.all_to_all_single`` takes numpy arrays or lists but rejects the CPU
+    tensors left otherwise ("incompatible function arguments"). On CPU the tensors already are
+    on the host: convert the same attributes to numpy at the same point, with no stream or event.
+    """
+    import torch
+    from megatron.core.transformer.moe import token_dispatcher
+
+    dispatcher = token_dispatcher.MoEAlltoAllTokenDispatcher
+    if dispatcher.cuda_dtoh_stream is None:
+        dispatcher.cuda_dtoh_stream = _NoCudaStream()  # __init__ builds a torch.cuda.Stream() only when None
+
+    def as_numpy(value):
+        return value.numpy() if torch.is_tensor(value) else value
+
+    def _maybe_dtoh_and_synchronize(self, point, tokens_per_expert=None):
+        if not self.drop_and_pad and point == self.cuda_dtoh_point:
+            self.input_splits = as_numpy(self.input_splits)
+            self.output_splits = as_numpy(self.output_splits)
+            self.output_splits_tp = as_numpy(self.output_splits_tp)
+        return tokens_per_expert
+
+    dispatcher._maybe_dtoh_and_synchronize = _maybe_dtoh_and_synchronize
+
+
+def patch_cpu_expert_init_across_ep_ranks() -> None:
+    """With CPU initialisation, each expert-parallel rank draws the experts a one-rank run draws.
+
+    Why: with ``use_cpu_initialization`` (always on CPU) megatron-core builds every weight as the
+    full master tensor from the default generator and keeps this rank's slice
+    (``_initialize_affine_weight_cpu``); experts skip the expert-parallel RNG stream the GPU path
+    forks. Every EP rank reaches its local experts with the same generator state, so rank r's
+    expert j equals rank 0's expert j: with EP=2 global expert E/2 + j == expert j, half the
+    experts wasted (the same class of bug as DTensor's sharded init on CPU). Here each rank first
+    draws (and drops) the experts of the ranks before it and afterwards those of the ranks after
+    it, so every rank's experts - and everything built after them - are bit for bit the one-rank
+    initialisation. TP shards need nothing: each TP rank draws the full master weight and slices it.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.transformer.moe import experts
+
+    original = experts.SequentialMLP.__init__
+    if getattr(original, "_primus_one_rank_init", False):
+        return
+
+    def __init__(self, num_local_experts, config, submodules, pg_collection=None):
+        ep_group = pg_collection.ep if pg_collection is not None else parallel_state.get_expert_model_parallel_group()
+        ep_size, ep_rank = ep_group.size(), ep_group.rank()
+        if not (config.use_cpu_initialization and config.perform_initialization and ep_size > 1):
+            return original(self, num_local_experts, config, submodules, pg_collection)
+
+        def draw_and_drop(count):  # the experts of other ranks, built exactly as upstream builds them
+            if count:
+                original(experts.SequentialMLP.__new__(experts.SequentialMLP), count, config, submodules, pg_collection)
+
+        draw_and_drop(ep_rank * num_local_experts)
+        original(self, num_local_experts, config, submodules, pg_collection)
+        draw_and_drop((ep_size - ep_rank - 1) * num_local_experts)
+
+    __init__._primus_one_rank_init = True
+    experts.SequentialMLP.__init__ = __init__
+
+
 CPU_PATCHES = (patch_current_device, patch_rng_tracker, patch_recompute_rng, patch_cuda_device_arguments,
-               patch_param_type_checks)
+               patch_param_type_checks, patch_moe_router_gemm_name, patch_alltoall_dispatcher_without_cuda_streams,
+               patch_cpu_expert_init_across_ep_ranks)
+
+
+def patch_identity_reduce_for_single_rank_groups() -> None:
+    """A tensor-parallel all-reduce over a one-rank group returns its input outside autograd.Function.
+
+    Why (megatron-core 0.16, any device): ``_ReduceFromModelParallelRegion`` returns its input
+    as-is when the group has one rank, which autograd marks as a view of a custom Function. MoE
+    experts with biases on SequentialMLP (``add_bias_linear: true``, e.g. gpt-oss) at expert
+    TP = EP = 1 then fail in ``MLP.forward`` (``output += output_bias * per_token_scale``):
+    "Output 0 of _ReduceFromModelParallelRegion is a view and is being modified inplace". For a
+    one-rank group the Function is the identity both ways (backward returns grad_output), so
+    returning the input directly is the same computation without the view marking.
+    """
+    from megatron.core.tensor_parallel import layers, mappings
+
+    original = mappings.reduce_from_tensor_model_parallel_region
+    if getattr(original, "_primus_identity", False):
+        return
+
+    def reduce_from_tensor_model_parallel_region(input_, group=None):
+        if mappings.get_tensor_model_parallel_group_if_none(group).size() == 1:
+            return input_
+        return original(input_, group)
+
+    reduce_from_tensor_model_parallel_region._primus_identity = True
+    mappings.reduce_from_tensor_model_parallel_region = reduce_from_tensor_model_parallel_region
+    layers.reduce_from_tensor_model_parallel_region = reduce_from_tensor_model_parallel_region
+
+
+# Upstream bugs that are not about CPU: applied on every device (same version gate).
+UPSTREAM_FIXES = (patch_identity_reduce_for_single_rank_groups,)
+
+
+def apply_upstream_fixes() -> list[str]:
+    """Apply the device-independent fixes once (verified megatron-core range only)."""
+    version = megatron_core_version()
+    if version not in SUPPORTED_MEGATRON_CORE:
+        logger.warning("megatron-core %s is outside the patch range %s: upstream fixes not applied",
+                       version, SUPPORTED_MEGATRON_CORE)
+        return []
+    for patch in UPSTREAM_FIXES:
+        if patch.__name__ not in _applied:
+            patch()
+            _applied.append(patch.__name__)
+    return [p.__name__ for p in UPSTREAM_FIXES]
 
 
 def apply_cpu_patches(force: bool = False) -> list[str]:

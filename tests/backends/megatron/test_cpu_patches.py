@@ -123,3 +123,86 @@ def test_patch_recompute_rng_makes_activation_recompute_work():
         print("PATCHED", torch.equal(x.grad != 0, y.detach() != 0), int((y == 0).sum()) > 0)
     """)
     assert "UNPATCHED-FAILS" in out and "PATCHED True True" in out
+
+
+def test_patch_moe_router_gemm_name_makes_fp32_router_work():
+    out = run_check("""
+        from megatron.core.transformer.moe import moe_utils
+        from primus.backends.megatron import cpu_patches
+        x, w = torch.randn(3, 8), torch.randn(4, 8)
+        try:
+            moe_utils.router_gating_linear(x, w, None, torch.float32)
+            print("UNPATCHED-OK")
+        except NameError:
+            print("UNPATCHED-FAILS")
+        cpu_patches.patch_moe_router_gemm_name()
+        out = moe_utils.router_gating_linear(x, w, None, torch.float32)
+        print("PATCHED", torch.allclose(out, x @ w.t()))
+    """)
+    assert "UNPATCHED-FAILS" in out and "PATCHED True" in out
+
+
+def test_patch_alltoall_dispatcher_without_cuda_streams():
+    """The dispatcher's device-to-host step leaves split sizes that all_to_all_single takes."""
+    out = run_check("""
+        import tempfile
+        import torch.distributed as dist
+        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
+        from primus.backends.megatron import cpu_patches
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+
+        class State:  # the attributes the DtoH step reads, as preprocess() leaves them on CPU
+            drop_and_pad, cuda_dtoh_point, cuda_dtoh_stream = False, "before_ep_alltoall", None
+            input_splits, output_splits = torch.tensor([4]), torch.tensor([4])
+            output_splits_tp, num_out_tokens, num_local_experts = torch.tensor([4]), torch.tensor(4), 1
+
+        state = State()
+        try:
+            D._maybe_dtoh_and_synchronize(state, "before_ep_alltoall", torch.tensor([4]))
+            print("UNPATCHED-OK")
+        except (RuntimeError, AssertionError, AttributeError):
+            print("UNPATCHED-FAILS")
+        x = torch.arange(4.0)
+        try:
+            dist.all_to_all_single(torch.empty(4), x, output_split_sizes=state.output_splits,
+                                   input_split_sizes=state.input_splits)
+            print("TENSOR-SPLITS-OK")
+        except TypeError:
+            print("TENSOR-SPLITS-FAIL")
+        cpu_patches.patch_alltoall_dispatcher_without_cuda_streams()
+        assert not isinstance(D.cuda_dtoh_stream, type(None))  # __init__ will not build a CUDA stream
+        D._maybe_dtoh_and_synchronize(state, "before_ep_alltoall", torch.tensor([4]))
+        out = torch.empty(4)
+        dist.all_to_all_single(out, x, output_split_sizes=state.output_splits, input_split_sizes=state.input_splits)
+        print("PATCHED", type(state.input_splits).__name__, torch.equal(out, x), state.output_splits_tp.tolist())
+    """)
+    assert "UNPATCHED-FAILS" in out and "TENSOR-SPLITS-FAIL" in out
+    assert "PATCHED ndarray True [4]" in out
+
+
+def test_patch_identity_reduce_for_single_rank_groups():
+    """MoE experts with biases at expert TP = EP = 1 (gpt-oss style) add the bias in place to the
+    output of a one-rank all-reduce; upstream's autograd Function makes that a forbidden view."""
+    out = run_check("""
+        import tempfile
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel import layers
+        from primus.backends.megatron import cpu_patches
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+        parallel_state.initialize_model_parallel()
+        def step():
+            x = torch.ones(3, requires_grad=True)
+            y = layers.reduce_from_tensor_model_parallel_region(x * 2)
+            y += 1.0
+            y.sum().backward()
+            return x.grad.tolist()
+        try:
+            step()
+            print("UNPATCHED-OK")
+        except RuntimeError as exc:
+            print("UNPATCHED-FAILS", "is a view" in str(exc))
+        cpu_patches.patch_identity_reduce_for_single_rank_groups()
+        print("PATCHED", step())
+    """)
+    assert "UNPATCHED-FAILS True" in out and "PATCHED [2.0, 2.0, 2.0]" in out
