@@ -14,10 +14,11 @@ from primus.config.interpolate import interpolate_string
 REDACTED = "<redacted>"
 # A key is a secret by whole words of its last segment, never by substring: `hf_token`,
 # `access_token`, `wandb_api_key`, `client_secret`, `db_password` are; `tokenizer_type`,
-# `tokenizer_model`, `fim_pad_token`, `max_tokens`, `num_tokens` are not.
+# `tokenizer_model`, `fim_pad_token`, `max_tokens`, `num_tokens` are not. The word ends the key: Megatron-LM's
+# `moe_token_dispatcher_type`, `calculate_per_token_loss` are settings (meg: redacting them broke every MoE run).
 _SECRET_WORDS = re.compile(
     r"(^|_)(token|secret|secrets|password|passwd|api_?key|apikey|access_key|secret_key|private_key|"
-    r"credential|credentials)($|_)", re.I)
+    r"credential|credentials)$", re.I)
 # Tokenizer vocabulary entries that end in `_token` but hold a token string, not a credential.
 _SPECIAL_TOKEN = re.compile(
     r"(^|_)(bos|eos|eod|pad|unk|sep|cls|mask|prefix|suffix|middle|special|start|end|image|video|audio)_token$",

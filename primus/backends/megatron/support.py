@@ -224,6 +224,13 @@ REFUSED: dict[str, str] = {
                     "fault injection / result replay would change the run"),
 }
 
+# Kernel-only arguments the trainer honours where the kernel exists and always says what it chose
+# (model.py: fusion_flags, use_transformer_engine, grouped experts): no second, generic line.
+SAID_BY_TRAINER = frozenset({
+    "transformer_impl", "moe_grouped_gemm", "masked_softmax_fusion", "bias_gelu_fusion", "bias_swiglu_fusion",
+    "bias_dropout_fusion", "apply_rope_fusion", "gradient_accumulation_fusion", "no_persist_layer_norm",
+})
+
 # Argument groups (the ``_add_*_args`` function or config dataclass) classified as a whole.
 _KERNEL_ONLY_GROUPS = {
     "ProfilingConfig": _INFRA, "LoggerConfig": _INFRA, "StragglerDetectionConfig": _INFRA,
@@ -294,6 +301,6 @@ def run_time_notes(args, given: set[str], module: str = "pre_trainer") -> list[t
             raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be honoured here ({support.reason}); "
                               "ignoring it would change the run, so training stops "
                               f"(remove it or set it to Megatron-LM's default, {table[dest].default!r})")
-        if support.kind == KERNEL_ONLY_KIND:
+        if support.kind == KERNEL_ONLY_KIND and dest not in SAID_BY_TRAINER:
             notes.append((dest, value, f"accepted, no effect here: {support.reason}"))
     return notes

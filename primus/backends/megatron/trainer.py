@@ -159,6 +159,12 @@ class MegatronTrainer:
         )
         # Schedules read the micro-batch count from this global calculator.
         init_num_microbatches_calculator(ctx.rank, None, self.gbs, args.micro_batch_size, self.dp)
+        # Megatron-LM's rerun machine re-runs steps from its own loop; here it only validates (disabled mode)
+        from megatron.core.rerun_state_machine import RerunMode, destroy_rerun_state_machine, \
+            initialize_rerun_state_machine
+
+        destroy_rerun_state_machine()
+        initialize_rerun_state_machine(mode=RerunMode.DISABLED)
         set_random_seed(args)
 
         self.tokenizer = build_tokenizer(args)

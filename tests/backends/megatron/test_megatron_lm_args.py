@@ -61,3 +61,10 @@ def test_regenerating_from_the_mirror_reproduces_the_committed_file(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "tools/gen_megatron_args.py"), "--git-dir", str(MIRROR),
                              "--commit", table.SOURCE_COMMIT[:7], "--check"], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_megatron_lm_argument_is_taken_for_a_secret():
+    """A redacted setting reaches the workers as '<redacted>' (moe_token_dispatcher_type broke every MoE run)."""
+    from primus.config.secrets import is_secret_key
+
+    assert [dest for dest in ROWS if is_secret_key(dest)] == []
