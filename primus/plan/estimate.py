@@ -42,7 +42,7 @@ from primus.config.errors import ConfigError, did_you_mean
 from primus.plan.model import ModelSpec
 from primus.plan.layout import DTYPE_BYTES, ParallelLayout
 from primus.plan.devices import DEVICE_MEMORY_GIB, PEAK_TFLOPS, device_key
-from primus.plan.flops import dense_decoder_flops_per_token
+from primus.plan.flops import training_flops_per_token
 
 GIB = 1024**3
 
@@ -148,8 +148,7 @@ class FlopsEstimate:
 
 def estimate_flops(model: ModelSpec, layout: ParallelLayout) -> FlopsEstimate:
     """Training FLOPs with ``primus.plan.flops`` (the formula every backend reports MFU with)."""
-    per_token = dense_decoder_flops_per_token(n_layers=model.n_layers, dim=model.dim, seq_len=layout.seq_len,
-                                              matmul_params=model.matmul_params())
+    per_token = training_flops_per_token(model, layout.seq_len)
     tokens = layout.effective_global_batch_size * layout.seq_len
     return FlopsEstimate(per_token, tokens, per_token * tokens, per_token * tokens / layout.world_size)
 

@@ -19,3 +19,10 @@ def dense_decoder_flops_per_token(
     """Training FLOPs per token of a dense decoder (see module docstring for the formula)."""
     attention = 12 * n_layers * seq_len * dim
     return 6 * matmul_params + (attention / 2 if causal else attention)
+
+
+def training_flops_per_token(model, seq_len: int) -> float:
+    """Training FLOPs per token of ``model`` (a ``primus.plan.model.ModelSpec``) at ``seq_len``:
+    the number every backend reports TFLOP/s and MFU with, and ``primus plan`` prints."""
+    return dense_decoder_flops_per_token(n_layers=model.n_layers, dim=model.dim, seq_len=seq_len,
+                                         matmul_params=model.matmul_params())
