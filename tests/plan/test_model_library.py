@@ -169,3 +169,17 @@ def test_primus_plan_cli_on_a_dense_preset(tmp_path, capsys, monkeypatch):
     data = json.loads(capsys.readouterr().out)
     assert code in (0, 1) and data["layout"]["dp"] == 8
     _within("llama3.1_8B", "total", data["params"]["total"], PUBLIC["llama3.1_8B"]["total"])
+
+
+def test_docs_table_is_the_plan():
+    """docs/models.md lists each preset's total and active parameters as ``primus plan`` computes them."""
+    rows = {}
+    for line in (ROOT / "docs" / "models.md").read_text().splitlines():
+        if line.startswith("| `") and line.count("|") == 7:
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[cells[0].strip("`")] = (cells[3], cells[4])
+    assert set(rows) == set(REQUIRED)
+    for name, (total, active) in rows.items():
+        model = model_from_args(preset_args(name))
+        assert total.split()[0] == f"{model.total_params() / 1e9:.2f}B", name
+        assert active.split()[0] == (f"{model.active_params(mtp=False) / 1e9:.2f}B" if model.is_moe else "—"), name
