@@ -102,3 +102,22 @@ def test_primus_plan_on_the_tiny_megatron_example(run_primus):
     assert result.returncode == 0, result.stderr
     neutral = ModelSpec(**yaml.safe_load((CONFIGS_ROOT / "models" / "common" / "llama3_tiny.yaml").read_text())["model"])
     assert f"parameters        {neutral.total_params():,} total, " in result.stdout
+
+
+def test_flops_per_step_is_the_plan_convention():
+    from primus.backends.megatron.plan import flops_per_step
+    from primus.plan.flops import flops_per_token
+
+    llama = dict(num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
+                 ffn_hidden_size=160, swiglu=True, normalization="RMSNorm", add_bias_linear=False, seq_length=32)
+    model = model_from_args({**llama, "padded_vocab_size": 384})
+    assert flops_per_step(argparse.Namespace(**llama), 8, padded_vocab_size=384) == \
+        flops_per_token(model, 32) * 8 * 32 == (6 * model.matmul_params() + 6 * 2 * 32 * 64) * 8 * 32
+
+
+def test_model_spec_survives_the_json_trip_to_preflight():
+    import json
+
+    for args in (GPT, {**GPT, "num_experts": 4, "moe_layer_freq": "([0]+[1])", "moe_router_topk": 1}):
+        model = model_from_args(args)
+        assert ModelSpec(**json.loads(json.dumps(model.model_dump()))) == model

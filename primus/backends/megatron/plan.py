@@ -157,6 +157,21 @@ def plan_from_args(args: Any, world_size: int | None = None) -> tuple[ModelSpec,
     return model_from_args(args), layout_from_args(args, world_size)
 
 
+def flops_per_step(args: Any, global_batch_size: int, padded_vocab_size: int | None = None) -> float:
+    """Model FLOPs of one training step, in the one convention every backend reports MFU with
+    (``primus.plan.flops``: Megatron-LM d3528a2's ``num_floating_point_operations``). The trainer
+    passes the vocabulary it built (padded from the tokenizer when ``vocab_size`` is unset)."""
+    from primus.plan.flops import flops_per_token
+
+    source = dict(args) if isinstance(args, Mapping) else dict(vars(args))
+    if padded_vocab_size is not None:
+        source["padded_vocab_size"] = padded_vocab_size
+    seq_length = source.get("seq_length")
+    if not seq_length:
+        raise ConfigError("seq_length is required to count FLOPs per step")
+    return flops_per_token(model_from_args(source), seq_length) * global_batch_size * seq_length
+
+
 def _environment_world_size() -> int:
     if os.environ.get("WORLD_SIZE"):
         return int(os.environ["WORLD_SIZE"])
