@@ -213,8 +213,8 @@ def reduce(model: Model, amd: dict[str, Any]) -> tuple[dict[str, Any], list[str]
     if values.get("mtp_num_layers"):
         table.update(MTP_DEFAULTS)
     # None means "unset" in AMD Primus's presets: Megatron-LM's default applies
-    kept = {key: values.get(key) for key, default in table.items()
-            if key in ALWAYS or (key in values and values[key] is not None and values[key] != default)}
+    kept = {key: values[key] for key, default in table.items()
+            if values.get(key) is not None and (key in ALWAYS or values[key] != default)}
     kept.update({key: values[key] for key in TOKENIZER_KEYS if values.get(key) is not None})
     return kept, notes
 
