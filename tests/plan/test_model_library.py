@@ -147,29 +147,40 @@ def test_megatron_preset_is_the_neutral_presets_network(name):
 
 
 def _schema_takes_megatron_lm_names() -> bool:
-    from primus.backends.megatron.arguments import MegatronArgs
+    from primus.backends.megatron.arguments import parse_args
+    from primus.config.errors import ConfigError
 
-    return "add_bias_linear" in MegatronArgs.model_fields if hasattr(MegatronArgs, "model_fields") else True
+    try:
+        parse_args({"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2, "seq_length": 8, "train_iters": 1,
+                    "lr": 1e-4, "mock_data": True, "vocab_size": 16, "add_bias_linear": False, "num_experts": 2})
+    except ConfigError as error:
+        return "unknown" not in str(error)
+    return True
 
 
 @pytest.mark.skipif(not _schema_takes_megatron_lm_names(),
                     reason="the Megatron argument schema does not take Megatron-LM's argument names yet (issue #13 item 1)")
-def test_primus_plan_cli_on_a_dense_preset(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("name", ["llama3.1_8B", "mixtral_8x7B_v0.1"])
+def test_primus_plan_cli_on_a_preset(name, tmp_path, capsys, monkeypatch):
+    """The real CLI path: module preset + model preset on 8 ranks, totals (and active for MoE) as published."""
     from primus.cli.main import main
 
     experiment = tmp_path / "exp.yaml"
     experiment.write_text(yaml.safe_dump({
         "work_group": "t", "user_name": "t", "exp_name": "plan", "workspace": str(tmp_path / "out"),
-        "modules": {"pre_trainer": {"framework": "megatron", "config": "pre_trainer.yaml", "model": "llama3.1_8B.yaml",
+        "modules": {"pre_trainer": {"framework": "megatron", "config": "pre_trainer.yaml", "model": f"{name}.yaml",
                                     # what today's module preset lacks (issue #13 item 7 gives it defaults)
-                                    "overrides": {"seq_length": 8192, "train_iters": 10, "lr": 1.0e-4,
+                                    "overrides": {"seq_length": 4096, "train_iters": 10, "lr": 1.0e-4,
                                                   "mock_data": True, "tokenizer_type": "NullTokenizer"}}}}))
     monkeypatch.setenv("WORLD_SIZE", "8")
     code = main(["plan", str(experiment), "--json"])
     data = json.loads(capsys.readouterr().out)
-    assert code in (0, 1) and data["layout"]["dp"] == 8
-    _within("llama3.1_8B", "total", data["params"]["total"], PUBLIC["llama3.1_8B"]["total"])
-
+    assert code in (0, 1) and data["layout"]["dp"] == 8, data
+    _within(name, "total", data["params"]["total"], PUBLIC[name]["total"])
+    if "active" in PUBLIC[name]:
+        _within(name, "active", data["params"]["active"], PUBLIC[name]["active"])
+        text_code = main(["plan", str(experiment)])
+        assert text_code == code and " active per token" in capsys.readouterr().out
 
 def test_docs_table_is_the_plan():
     """docs/models.md lists each preset's total and active parameters as ``primus plan`` computes them."""
