@@ -95,8 +95,9 @@ _LLAMA32 = {
     "max_position_embeddings": (131072, "max_position_embeddings 131072"),
 }
 _QWEN25_BIAS = {"add_qkv_bias": (True, "Qwen2 attention has q/k/v biases")}
+_QWEN3_CONTEXT = {"max_position_embeddings": (40960, "max_position_embeddings 40960")}
 _QWEN3 = {"qk_layernorm": (True, "Qwen3 RMS-normalises q and k per head (q_norm, k_norm)"),
-          "kv_channels": (128, "head_dim 128")}
+          "kv_channels": (128, "head_dim 128"), **_QWEN3_CONTEXT}
 _GPT_OSS = {"qk_layernorm": (False, "no q/k norm (AMD Primus inherits DeepSeek's latent norms)"),
             "rotary_base": (150000, "rope_theta 150000")}
 _TIED = {"untie_embeddings_and_output_weights": (False, "tie_word_embeddings: true")}
@@ -121,12 +122,12 @@ MODELS = [
     Model("qwen2.5_32B", "Qwen2.5 32B", "Qwen/Qwen2.5-32B", 152064, _QWEN25_BIAS),
     Model("qwen2.5_72B", "Qwen2.5 72B", "Qwen/Qwen2.5-72B", 152064, _QWEN25_BIAS),
     Model("qwen3_4B", "Qwen3 4B", "Qwen/Qwen3-4B", 151936,
-          {**_QWEN3, **_TIED, "max_position_embeddings": (40960, "max_position_embeddings 40960")}),
+          {**_QWEN3, **_TIED}),
     Model("qwen3_8B", "Qwen3 8B", "Qwen/Qwen3-8B", 151936, _QWEN3),
     Model("qwen3_14B", "Qwen3 14B", "Qwen/Qwen3-14B", 151936, _QWEN3),
     Model("qwen3_32B", "Qwen3 32B", "Qwen/Qwen3-32B", 151936, _QWEN3),
-    Model("qwen3_30B_A3B", "Qwen3 30B-A3B (MoE: 128 experts, top-8)", "Qwen/Qwen3-30B-A3B", 151936),
-    Model("qwen3_235B_A22B", "Qwen3 235B-A22B (MoE: 128 experts, top-8)", "Qwen/Qwen3-235B-A22B", 151936),
+    Model("qwen3_30B_A3B", "Qwen3 30B-A3B (MoE: 128 experts, top-8)", "Qwen/Qwen3-30B-A3B", 151936, _QWEN3_CONTEXT),
+    Model("qwen3_235B_A22B", "Qwen3 235B-A22B (MoE: 128 experts, top-8)", "Qwen/Qwen3-235B-A22B", 151936, _QWEN3_CONTEXT),
     Model("mixtral_8x7B_v0.1", "Mixtral 8x7B v0.1 (MoE: 8 experts, top-2)", "mistralai/Mixtral-8x7B-v0.1", 32000),
     Model("mixtral_8x22B_v0.1", "Mixtral 8x22B v0.1 (MoE: 8 experts, top-2)", "mistralai/Mixtral-8x22B-v0.1", 32768),
     Model("deepseek_v2_lite", "DeepSeek-V2-Lite (MLA; MoE: 64 experts, top-6, 2 shared)",
