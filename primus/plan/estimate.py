@@ -74,6 +74,7 @@ class ParamEstimate:
     active: int = 0  # parameters one token touches (== total for a dense model)
     mtp: int = 0  # of total, in the multi-token-prediction layers
     per_rank_experts: int = 0  # of per_rank, routed-expert weights (sharded over the expert-data-parallel group)
+    active_without_mtp: int = 0  # as published for DeepSeek-V3 (37B): the MTP layers left out
 
 
 def _layer_on_rank(model: ModelSpec, layout: ParallelLayout, moe: bool) -> tuple[int, int]:
@@ -112,7 +113,7 @@ def estimate_params(model: ModelSpec, layout: ParallelLayout) -> ParamEstimate:
     heaviest = max(range(p), key=lambda i: stages[i])
     counts = model.param_counts()
     return ParamEstimate(counts.total, model.matmul_params(), stages[heaviest], stages, counts.active,
-                         counts.total - model.total_params(mtp=False), experts[heaviest])
+                         counts.total - model.total_params(mtp=False), experts[heaviest], model.active_params(mtp=False))
 
 
 @dataclass
@@ -236,7 +237,8 @@ def format_plan(plan: Plan) -> str:
     active = f", {p.active:,} active per token" if p.active != p.total else ""
     lines = [f"parameters        {p.total:,} total{active}, {p.per_rank:,} per rank (heaviest stage)"]
     if p.mtp:
-        lines.append(f"                  of the total, {p.mtp:,} in the multi-token-prediction layers")
+        lines.append(f"                  of the total, {p.mtp:,} in the multi-token-prediction layers "
+                     f"({p.total - p.mtp:,} total, {p.active_without_mtp:,} active without them)")
     if p.per_rank_experts:
         lines.append(f"                  of each rank's, {p.per_rank_experts:,} routed-expert weights "
                      f"(ep={plan.layout['ep']}, etp={plan.layout['etp'] or plan.layout['tp']})")

@@ -46,15 +46,11 @@ def test_defaults_and_derived_values_follow_megatron_lm():
     assert model.vocab_size == 50304 and not model.is_moe
 
 
-def test_namespace_mapping_and_parsed_arguments_agree():
+def test_namespace_and_mapping_agree_and_old_names_are_read():
     as_dict = model_from_args(GPT)
     assert model_from_args(argparse.Namespace(**GPT)) == as_dict
-    # our parsed arguments (names before the Megatron-LM table: disable_bias_linear, norm_epsilon) read the same
-    from primus.backends.megatron.arguments import parse_args
-
-    parsed = parse_args({**GPT, "train_iters": 1, "lr": 1e-4, "mock_data": True, "norm_epsilon": 1e-6,
-                         "disable_bias_linear": True})
-    model = model_from_args(parsed)
+    # the names our schema used before it followed Megatron-LM's dests
+    model = model_from_args({**GPT, "norm_epsilon": 1e-6, "disable_bias_linear": True})
     assert model.norm_eps == 1e-6 and model.linear_bias is False
 
 

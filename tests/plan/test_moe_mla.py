@@ -110,7 +110,8 @@ def test_plan_prints_total_and_active_for_moe():
     text, code = run_plan(ModelSpec(**MOE, mtp_layers=1), ParallelLayout(dp=4, ep=2), None)
     assert code == 0
     assert text.splitlines()[0].startswith("parameters        2,736 total, 2,160 active per token")
-    assert "in the multi-token-prediction layers" in text and "routed-expert weights (ep=2, etp=1)" in text
+    assert "in the multi-token-prediction layers (1,672 total, 1,384 active without them)" in text
+    assert "routed-expert weights (ep=2, etp=1)" in text
     dense, _ = run_plan(ModelSpec(n_layers=2, dim=8, n_heads=2, ffn_hidden_size=16, vocab_size=10),
                         ParallelLayout(), None)
     assert "active" not in dense
