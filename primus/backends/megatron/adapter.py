@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
-from primus.plan.flops import training_flops_per_token
+from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class MegatronAdapter(BackendAdapter):
         model, layout = describe(args, module.params.get("model"), world_size)
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
         plan = EnginePlan(module, world_size, args, CheckpointSpec(save, load=args.load), model, layout,
-                          flops_per_token=training_flops_per_token(model, args.seq_length) if model else None)
+                          flops_per_token=flops_per_token(model, args.seq_length) if model else None)
         for key, value, reason in derived:
             plan.derive(key, value, reason)
         return plan

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from primus.backends.megatron.arguments import MegatronArgs
-from primus.backends.megatron.plan import megatron_default_ffn
 
 
 @dataclass
@@ -94,7 +93,7 @@ def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
     ffn = args.ffn_hidden_size
     if ffn is None:
         # Megatron-LM's default: 4h, or for SwiGLU 2/3 of that rounded down to a multiple of 64.
-        ffn = megatron_default_ffn(args)
+        ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
         derived.set("ffn_hidden_size", ffn, "not set: Megatron-LM default from hidden_size")
     fusions = fusion_flags(on_gpu, derived)
     if args.embedding_init_method_std is None and args.model is not None:

@@ -25,9 +25,8 @@ from primus.backends.megatron.model import (
     wrap_ddp,
     wrap_float16,
 )
-from primus.backends.megatron.plan import describe
+from primus.backends.megatron.plan import flops_per_step
 from primus.config.errors import ConfigError
-from primus.plan.flops import training_flops_per_token
 from primus.runtime.metrics import StepReport
 
 
@@ -143,8 +142,7 @@ class MegatronTrainer:
         self.optimizer = build_optimizer(args, self.model)
         self._hook_schedule()
         self.scheduler = build_scheduler(args, self.optimizer, self.gbs)
-        model, _ = describe(args, args.model, None, vocab_size=self.vocab)  # the one FLOPs convention
-        self.flops_per_step = training_flops_per_token(model, args.seq_length) * self.gbs * args.seq_length
+        self.flops_per_step = flops_per_step(args, self.gbs, padded_vocab_size=self.vocab)  # the one convention
         n_params = sum(p.numel() for c in chunks for p in c.parameters())
         ctx.logger.info("megatron model on rank %d: %d parameters in %d chunk(s)", ctx.rank, n_params, len(chunks))
 

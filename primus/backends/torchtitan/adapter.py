@@ -8,7 +8,7 @@ from typing import Any
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
 from primus.data.tiny_assets import tiny_assets_dir
-from primus.plan.flops import training_flops_per_token
+from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 from primus.runtime.context import RunContext
 from primus.runtime.preemption import Preempted
@@ -79,7 +79,7 @@ class TorchTitanAdapter(BackendAdapter):
             _check_world_size(module, world_size, provenance)
         _, layout = plan_inputs(params, world_size)
         plan = EnginePlan(module, world_size, cfg, CheckpointSpec(Path(cfg.dump_folder) / cfg.checkpoint.folder),
-                          spec, layout, flops_per_token=training_flops_per_token(spec, cfg.training.seq_len))
+                          spec, layout, flops_per_token=flops_per_token(spec, cfg.training.seq_len))
         for key, value, reason in [*derived, *more]:
             plan.derive(key, value, reason)
         return plan
