@@ -19,13 +19,13 @@ from primus.backends.megatron.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    num_floating_point_operations,
     padded_vocab_size,
     transformer_config,
     use_transformer_engine,
     wrap_ddp,
     wrap_float16,
 )
+from primus.backends.megatron.plan import flops_per_step
 from primus.backends.megatron.moe import moe_step_metrics
 from primus.backends.megatron.support import run_time_notes
 from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
@@ -127,7 +127,7 @@ class MegatronTrainer:
 
     def setup(self) -> None:
         import torch
-        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core import parallel_state
         from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
 
         args, ctx = self.args, self.ctx
@@ -189,8 +189,7 @@ class MegatronTrainer:
         self.optimizer = build_optimizer(args, self.model)
         self._hook_schedule()
         self.scheduler = build_scheduler(args, self.optimizer, self.gbs)
-        self.ffn = self.config.ffn_hidden_size
-        self.flops_per_step = num_floating_point_operations(args, self.gbs, self.vocab, self.ffn)
+        self.flops_per_step = flops_per_step(args, self.gbs, padded_vocab_size=self.vocab)  # the one convention
         n_params = sum(p.numel() for c in chunks for p in c.parameters())
         ctx.logger.info("megatron model on rank %d: %d parameters in %d chunk(s)", ctx.rank, n_params, len(chunks))
 
