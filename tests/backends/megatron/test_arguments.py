@@ -145,17 +145,16 @@ def test_adapter_plan_accepts_the_primus_block_only_with_known_keys(tmp_path):
 
 
 @pytest.mark.parametrize("example", sorted((REPO / "examples/megatron").glob("*.yaml")), ids=lambda p: p.name)
-def test_example_experiments_validate(example):
-    """Each example, merged as the lead's resolver will (defaults < preset < model < overrides), validates."""
-    experiment = yaml.safe_load(example.read_text())
-    module = experiment["modules"]["pre_trainer"]
-    assert module["framework"] == "megatron"
-    merged = dict(default_args())
-    merged.update(yaml.safe_load((REPO / "primus/configs/modules/megatron" / module["config"]).read_text()))
-    model_file = REPO / "primus/configs/models/common" / module["model"]
-    merged.update(yaml.safe_load(model_file.read_text()))
-    merged.update(module.get("overrides", {}))
-    parse_args(megatron_params(merged))
+def test_example_experiments_validate(example, monkeypatch):
+    """Each example, resolved as `primus` resolves it (defaults < preset < model < overrides), parses."""
+    from primus.config.resolve import resolve_experiment
+    from primus.runtime.registry import backend_defaults
+
+    monkeypatch.chdir(REPO)
+    resolved = resolve_experiment(example, [], backend_defaults)
+    module = resolved.modules["pre_trainer"]
+    assert module.framework == "megatron"
+    parse_args(megatron_params(module.params))
 
 
 def test_gpu_fusions_only_where_their_kernels_are_installed():
