@@ -277,8 +277,62 @@ def patch_identity_reduce_for_single_rank_groups() -> None:
     layers.reduce_from_tensor_model_parallel_region = reduce_from_tensor_model_parallel_region
 
 
+def patch_local_attention_mla_head_dims() -> None:
+    """megatron-core's local ``DotProductAttention`` takes MLA's ``k_channels``/``v_channels``.
+
+    Why (megatron-core 0.16, any device without Transformer Engine): ``MLASelfAttention`` builds
+    its core attention with ``k_channels=q_head_dim, v_channels=v_head_dim`` (Q/K and V heads
+    differ in MLA), which only ``TEDotProductAttention`` accepts: the local spec's MLA fails with
+    "DotProductAttention.__init__() got an unexpected keyword argument 'k_channels'". The local
+    attention already reads every head width from its input tensors; only its output width
+    (heads x kv_channels) and its default softmax scale (1/sqrt(kv_channels)) assume equal Q/K/V
+    heads. Here they follow v_channels and k_channels, as Transformer Engine's attention does.
+    """
+    import math
+
+    from megatron.core.transformer import dot_product_attention as dpa
+    from megatron.core.utils import divide
+
+    original = dpa.DotProductAttention.__init__
+    if getattr(original, "_primus_mla", False):
+        return
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
+                 softmax_scale=None, cp_comm_type=None, pg_collection=None, k_channels=None, v_channels=None):
+        original(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=attention_dropout,
+                 softmax_scale=softmax_scale, cp_comm_type=cp_comm_type, pg_collection=pg_collection)
+        if v_channels is not None:
+            self.hidden_size_per_partition = divide(v_channels * config.num_attention_heads, self.tp_group.size())
+        if k_channels is not None and softmax_scale is None:
+            self.softmax_scale = 1.0 / math.sqrt(k_channels)
+            if config.apply_query_key_layer_scaling:
+                self.softmax_scale /= self.layer_number
+
+    __init__._primus_mla = True
+    dpa.DotProductAttention.__init__ = __init__
+
+
+def patch_mla_without_transformer_engine() -> None:
+    """MLA's "is Transformer Engine here?" flag tells the truth when it is not installed.
+
+    Why (megatron-core 0.16, any device without Transformer Engine): ``multi_latent_attention``
+    sets ``HAVE_TE = True`` when ``megatron.core.extensions.transformer_engine`` imports, but that
+    module imports fine without TE (it substitutes a MagicMock for ``transformer_engine``), so
+    ``TELinear`` is a MagicMock and ``isinstance(self.linear_proj, TELinear)`` raises
+    "isinstance() arg 2 must be a type" in every MLASelfAttention. The extension module's own
+    ``HAVE_TE`` is right; MLA gets it and the "absent" values its except-branch would have set.
+    """
+    from megatron.core.extensions import transformer_engine as te_ext
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    if not te_ext.HAVE_TE and mla.HAVE_TE:
+        mla.HAVE_TE = False
+        mla.TEColumnParallelLinear = mla.TELinear = mla.Linear = mla.set_save_original_input = None
+
+
 # Upstream bugs that are not about CPU: applied on every device (same version gate).
-UPSTREAM_FIXES = (patch_identity_reduce_for_single_rank_groups,)
+UPSTREAM_FIXES = (patch_identity_reduce_for_single_rank_groups, patch_local_attention_mla_head_dims,
+                  patch_mla_without_transformer_engine)
 
 
 def apply_upstream_fixes() -> list[str]:

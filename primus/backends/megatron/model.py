@@ -100,32 +100,6 @@ def fusion_flags(args: MegatronArgs, on_gpu: bool, derived: Derived) -> dict[str
     return flags
 
 
-def _eval_layer_pattern(value, num_layers: int):
-    """Megatron-LM's ``moe_freq_type``: an int, a list, or a pattern string such as "[1]*3+[0]"
-    (Megatron-LM evaluates it; here only list literals, integers, ``+`` and ``*`` are allowed)."""
-    if not isinstance(value, str):
-        return value
-    import ast
-
-    def evaluate(node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.List):
-            return [evaluate(item) for item in node.elts]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            left, right = evaluate(node.left), evaluate(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
-        raise ValueError(value)
-
-    try:
-        pattern = evaluate(ast.parse(value.strip(), mode="eval").body)
-    except (SyntaxError, ValueError, TypeError):
-        from primus.config.errors import ConfigError
-
-        raise ConfigError(f"moe_layer_freq: cannot read the layer pattern {value!r} (e.g. 2, or \"[1]*{num_layers}\")")
-    return pattern
-
-
 def grouped_gemm_available(use_te: bool) -> bool:
     """megatron-core's grouped experts: TEGroupedMLP (Transformer Engine) or the legacy GroupedMLP
     (the ``grouped_gemm`` package, CUDA only)."""
@@ -173,7 +147,6 @@ def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived, us
         kw.update(init_method=torch.nn.init.xavier_uniform_, scaled_init_method=torch.nn.init.xavier_uniform_)
     kw["num_query_groups"] = args.num_query_groups if args.group_query_attention else None
     kw["num_moe_experts"] = args.num_experts
-    kw["moe_layer_freq"] = _eval_layer_pattern(args.moe_layer_freq, args.num_layers)
     kw["num_layers_in_first_pipeline_stage"] = args.decoder_first_pipeline_num_layers
     kw["num_layers_in_last_pipeline_stage"] = args.decoder_last_pipeline_num_layers
     kw["virtual_pipeline_model_parallel_size"] = virtual_pipeline_size(args)

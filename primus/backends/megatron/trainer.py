@@ -26,7 +26,7 @@ from primus.backends.megatron.model import (
     wrap_float16,
 )
 from primus.backends.megatron.plan import flops_per_step
-from primus.backends.megatron.moe import moe_step_metrics
+from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.support import run_time_notes
 from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
 from primus.config.errors import ConfigError
@@ -68,7 +68,8 @@ def _loss_func(loss_mask, output_tensor):
 
 def _forward_step(data_iterator, model):
     batch = next(data_iterator)
-    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"],
+                   loss_mask=batch["loss_mask"])  # the MTP heads mask as the main loss does
     return output, partial(_loss_func, batch["loss_mask"])
 
 
@@ -257,7 +258,7 @@ class MegatronTrainer:
 
         The LR is read before the scheduler advances: Megatron-LM logs the one after (the next
         step's), TorchTitan the one applied; Primus reports the applied one for every backend.
-        Extras: the MoE router's auxiliary losses, averaged over MoE layers as Megatron-LM logs them.
+        Extras: the MoE router's and MTP's auxiliary losses, as Megatron-LM logs them.
         """
         for chunk in self.model:
             chunk.zero_grad_buffer()
@@ -272,7 +273,7 @@ class MegatronTrainer:
         update_ok, grad_norm, _ = self.optimizer.step()
         if update_ok:
             self.scheduler.step(increment=self.gbs)
-        extra = moe_step_metrics(self.config, self.num_microbatches) if self.args.num_experts else {}
+        extra = aux_loss_metrics(self.config, self.num_microbatches)
         return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr, extra
 
     def evaluate(self) -> float:

@@ -194,7 +194,38 @@ def _precision_rules(args, m: str) -> None:
         raise _fail(m, "needs fp16 or bf16", "fp32_residual_connection")
 
 
+def layer_pattern(value, num_layers: int, key: str, m: str):
+    """Megatron-LM's ``moe_freq_type``: an int, a list, or a pattern string such as "([0]*3+[1]*58)"
+    that Megatron-LM evaluates; here only list literals, integers, ``+`` and ``*`` are read."""
+    if not isinstance(value, str):
+        return value
+    import ast
+
+    def evaluate(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.List):
+            return [evaluate(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = evaluate(node.left), evaluate(node.right)
+            if isinstance(node.op, ast.Mult) and max(abs(left) if isinstance(left, int) else 1,
+                                                     abs(right) if isinstance(right, int) else 1) > 100_000:
+                raise ValueError(value)  # a layer pattern, not a memory bomb
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(value)
+
+    try:
+        pattern = evaluate(ast.parse(value.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, TypeError, MemoryError):
+        pattern = None
+    if not (isinstance(pattern, int) or isinstance(pattern, list) and all(v in (0, 1) for v in pattern)):
+        raise _fail(m, f"cannot read the layer pattern {value!r} (an int, or a 0/1 list such as "
+                       f"\"[1]*{num_layers}\")", key)
+    return pattern
+
+
 def _moe_rules(args, m: str) -> None:
+    args.moe_layer_freq = layer_pattern(args.moe_layer_freq, args.num_layers, "moe_layer_freq", m)
     if args.num_experts == 0:
         args.num_experts = None
     if args.num_experts is not None and args.moe_ffn_hidden_size is None:

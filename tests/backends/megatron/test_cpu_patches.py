@@ -206,3 +206,55 @@ def test_patch_identity_reduce_for_single_rank_groups():
         print("PATCHED", step())
     """)
     assert "UNPATCHED-FAILS True" in out and "PATCHED [2.0, 2.0, 2.0]" in out
+
+
+def test_patch_mla_without_transformer_engine():
+    out = run_check("""
+        from megatron.core.transformer import multi_latent_attention as mla
+        from primus.backends.megatron import cpu_patches
+        try:
+            mla.HAVE_TE and isinstance(torch.nn.Linear(1, 1), mla.TELinear)  # MLASelfAttention.__init__'s test
+            print("UNPATCHED-OK")
+        except TypeError:
+            print("UNPATCHED-FAILS")
+        cpu_patches.patch_mla_without_transformer_engine()
+        print("PATCHED", mla.HAVE_TE and isinstance(torch.nn.Linear(1, 1), mla.TELinear), mla.TELinear)
+    """)
+    assert "UNPATCHED-FAILS" in out and "PATCHED False None" in out
+
+
+def test_patch_local_attention_mla_head_dims():
+    """MLA's core attention with Q/K heads of 24 and V heads of 16 on the local spec."""
+    out = run_check("""
+        import tempfile
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+        from megatron.core.transformer.enums import AttnMaskType
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        from primus.backends.megatron import cpu_patches
+        from megatron.core import tensor_parallel
+        cpu_patches.patch_current_device()
+        cpu_patches.patch_rng_tracker()
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+        parallel_state.initialize_model_parallel()
+        tensor_parallel.model_parallel_cuda_manual_seed(1)  # attention dropout forks the TP stream
+        config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, attention_dropout=0.0,
+                                   masked_softmax_fusion=False)
+        def build():
+            return DotProductAttention(config, 1, AttnMaskType.causal, "self", k_channels=24, v_channels=16)
+        try:
+            build()
+            print("UNPATCHED-OK")
+        except TypeError:
+            print("UNPATCHED-FAILS")
+        cpu_patches.patch_local_attention_mla_head_dims()
+        attention = build()
+        q, k, v = torch.randn(5, 2, 4, 24), torch.randn(5, 2, 4, 24), torch.randn(5, 2, 4, 16)
+        mask = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1).view(1, 1, 5, 5)
+        context = attention(q, k, v, mask)
+        reference = torch.nn.functional.scaled_dot_product_attention(
+            q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3), is_causal=True)  # scale 1/sqrt(24)
+        print("PATCHED", tuple(context.shape), torch.allclose(context, reference.permute(2, 0, 1, 3).reshape(5, 2, 64), atol=1e-5))
+    """)
+    assert "UNPATCHED-FAILS" in out and "PATCHED (5, 2, 64) True" in out
