@@ -312,6 +312,40 @@ def patch_local_attention_mla_head_dims() -> None:
     dpa.DotProductAttention.__init__ = __init__
 
 
+def patch_torch_norm_sequence_parallel() -> None:
+    """megatron-core's torch norm (the local spec's norm without Apex/TE) under sequence parallelism.
+
+    Why (megatron-core 0.16, any device without Transformer Engine or Apex): ``WrappedTorchNorm``
+    asserts "sequence parallel not supported by torch LayerNorm", so TP + ``sequence_parallel``
+    cannot build a model. A norm is per token, so on a sequence shard its forward is exact; what
+    sequence parallelism needs is the reduction of the norm weights' gradients (each TP rank saw
+    only its tokens), which megatron-core does itself in ``finalize_model_grads``
+    (``_allreduce_non_tensor_model_parallel_grads``) for every parameter marked
+    ``sequence_parallel`` - the mark Apex's and TE's norms set. Here the torch norm is built as
+    before and its parameters get that mark; everything else is megatron-core's own path.
+    """
+    from megatron.core.transformer import torch_norm
+
+    original = torch_norm.WrappedTorchNorm.__new__
+    if getattr(original, "_primus_sp", False):
+        return
+
+    def __new__(cls, config, hidden_size, eps=1e-5, persist_layer_norm=False, zero_centered_gamma=False,
+                normalization="LayerNorm"):
+        if not config.sequence_parallel:
+            return original(cls, config, hidden_size, eps, persist_layer_norm, zero_centered_gamma, normalization)
+        import dataclasses
+
+        norm = original(cls, dataclasses.replace(config, sequence_parallel=False), hidden_size, eps,
+                        persist_layer_norm, zero_centered_gamma, normalization)
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    __new__._primus_sp = True
+    torch_norm.WrappedTorchNorm.__new__ = __new__
+
+
 def patch_mla_without_transformer_engine() -> None:
     """MLA's "is Transformer Engine here?" flag tells the truth when it is not installed.
 
@@ -332,7 +366,7 @@ def patch_mla_without_transformer_engine() -> None:
 
 # Upstream bugs that are not about CPU: applied on every device (same version gate).
 UPSTREAM_FIXES = (patch_identity_reduce_for_single_rank_groups, patch_local_attention_mla_head_dims,
-                  patch_mla_without_transformer_engine)
+                  patch_mla_without_transformer_engine, patch_torch_norm_sequence_parallel)
 
 
 def apply_upstream_fixes() -> list[str]:

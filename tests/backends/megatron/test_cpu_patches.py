@@ -258,3 +258,25 @@ def test_patch_local_attention_mla_head_dims():
         print("PATCHED", tuple(context.shape), torch.allclose(context, reference.permute(2, 0, 1, 3).reshape(5, 2, 64), atol=1e-5))
     """)
     assert "UNPATCHED-FAILS" in out and "PATCHED (5, 2, 64) True" in out
+
+
+def test_patch_torch_norm_sequence_parallel():
+    out = run_check("""
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        from primus.backends.megatron import cpu_patches
+        config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, tensor_model_parallel_size=2,
+                                   sequence_parallel=True, normalization="RMSNorm", persist_layer_norm=False)
+        try:
+            WrappedTorchNorm(config, 8)
+            print("UNPATCHED-OK")
+        except AssertionError:
+            print("UNPATCHED-FAILS")
+        cpu_patches.patch_torch_norm_sequence_parallel()
+        norm = WrappedTorchNorm(config, 8)
+        plain = WrappedTorchNorm(TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2,
+                                                   normalization="RMSNorm", persist_layer_norm=False), 8)
+        print("PATCHED", type(norm).__name__, [getattr(p, "sequence_parallel", None) for p in norm.parameters()],
+              [getattr(p, "sequence_parallel", None) for p in plain.parameters()])
+    """)
+    assert "UNPATCHED-FAILS" in out and "PATCHED RMSNorm [True] [None]" in out

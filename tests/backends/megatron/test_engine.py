@@ -86,6 +86,14 @@ def test_tp2_matches_tp1(runs):
     assert tp2 == pytest.approx(tp1, rel=2e-3)
 
 
+def test_tp2_with_sequence_parallel_matches_tp1(runs):
+    """Norms see sequence shards; megatron-core's finalize_model_grads sums their weight gradients
+    over TP for parameters marked sequence_parallel (patch_torch_norm_sequence_parallel)."""
+    tp1 = losses(runs("tp1", 1))
+    sp = losses(runs("tp2_sp", 2, tensor_model_parallel_size=2, sequence_parallel=True))
+    assert sp == pytest.approx(tp1, rel=2e-3)
+
+
 def test_pp2_trains(runs):
     assert_learns(runs("pp2", 2, pipeline_model_parallel_size=2))
 
