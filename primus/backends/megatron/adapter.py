@@ -73,6 +73,11 @@ class MegatronAdapter(BackendAdapter):
         return plan
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
+        # meg: an argument that cannot be honoured here stops a real run now (exit 2, one line), before
+        # any rank starts; config validate / plan / --dry-run never call this (the file is valid Megatron-LM)
+        from primus.backends.megatron.support import run_time_notes
+
+        run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
         root = tiny_assets_dir(plan.module.params)
         if root is None or (root / f"{TINY_PREFIX}.idx").exists():
             return
