@@ -169,6 +169,3 @@ def format_why(resolved: ResolvedExperiment, key: str) -> str:
         raise ConfigError(f"--why {key}: no such key in the resolved config")
     return "\n".join(lines)
 
-
-def describe_source(resolved: ResolvedExperiment) -> str:
-    return display_path(resolved.source)
