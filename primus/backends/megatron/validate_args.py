@@ -240,6 +240,9 @@ def _moe_rules(args, m: str) -> None:
                            f"({args.expert_model_parallel_size})")
     if args.expert_tensor_parallel_size is None:
         args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    if args.num_experts is not None and args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        raise _fail(m, "MoE with tensor_model_parallel_size > 1 needs sequence_parallel: true (megatron-core's "
+                       "TransformerConfig refuses it otherwise)", "sequence_parallel")
     for key in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
         value = getattr(args, key)
         if isinstance(value, list) and len(value) == 1:

@@ -128,3 +128,13 @@ def test_bf16_trains_and_resumes_from_its_checkpoint(runs):
     resumed = runs("bf16_resumed", 1, resume_from=("bf16", 6), bf16=True, save_interval=6)
     assert [r["step"] for r in resumed] == list(range(7, STEPS + 1))
     assert losses(resumed) == pytest.approx(losses(full)[6:], rel=1e-3)
+
+
+def test_train_valid_test_data_paths(runs, tiny_indexed):
+    """Megatron-LM's split-data arguments: one blend per split (no `split`), evaluated on the valid blend."""
+    records = runs("split_paths", 1, data_path=None, split=None, train_data_path=[str(tiny_indexed)],
+                   valid_data_path=[str(tiny_indexed)], test_data_path=None, train_iters=4, eval_interval=2,
+                   eval_iters=1)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    log = (runs.root / "split_paths" / "output.log").read_text()
+    assert "[EVAL] step=2 " in log and "[EVAL] step=4 " in log  # no data_path, no split: the valid blend was built

@@ -40,6 +40,11 @@ def test_expert_parallel_2_matches_one_rank_and_learns(run_primus, workspace):
     ep1, _ = train(run_primus, workspace, "ep1", 1, "expert_model_parallel_size=1")
     assert [r["loss"] for r in ep2] == pytest.approx([r["loss"] for r in ep1], rel=1e-4)
     assert aux == pytest.approx([r["extra"]["load_balancing_loss"] for r in ep1], rel=1e-4)
+    # MoE parallel folding: attention TP=2 (+ sequence parallel, as megatron-core requires with MoE),
+    # experts EP=2 with expert TP=1, on the same 2 ranks: still the one-rank curve
+    folded, _ = train(run_primus, workspace, "tp2_ep2_etp1", 2, "tensor_model_parallel_size=2",
+                      "sequence_parallel=true", "expert_tensor_parallel_size=1")
+    assert [r["loss"] for r in folded] == pytest.approx([r["loss"] for r in ep1], rel=1e-4)
 
 
 def test_allgather_dispatcher_with_seq_aux_loss(run_primus, workspace):

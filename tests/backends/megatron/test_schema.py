@@ -141,7 +141,7 @@ def test_derived_defaults_as_megatron_lm():
     assert parse_args(params()).query_groups == 4  # no group_query_attention: one group per head
     gqa = parse_args(params(group_query_attention=True, num_query_groups=2))
     assert gqa.query_groups == 2
-    moe = parse_args(params(num_experts=4, tensor_model_parallel_size=2))
+    moe = parse_args(params(num_experts=4, tensor_model_parallel_size=2, sequence_parallel=True))
     assert moe.moe_ffn_hidden_size == 256 and moe.expert_tensor_parallel_size == 2
     assert parse_args(params(num_experts=0)).num_experts is None
 
@@ -173,6 +173,7 @@ def test_split_data_arguments():
     ({"bf16": True, "fp16": True}, "bf16 and fp16 are both true"),
     ({"expert_model_parallel_size": 2}, "expert_model_parallel_size: expert_model_parallel_size > 1 needs num_experts"),
     ({"num_experts": 3, "expert_model_parallel_size": 2}, "num_experts (3) is not a multiple of expert_model_parallel_size (2)"),
+    ({"num_experts": 4, "tensor_model_parallel_size": 2}, "sequence_parallel: MoE with tensor_model_parallel_size > 1 needs"),
     ({"max_position_embeddings": 32}, "max_position_embeddings (32) must be at least seq_length (64)"),
     ({"save": "/x"}, "save_interval: save is set"),
     ({"lr_decay_style": "WSD"}, "lr_wsd_decay_iters: lr_decay_style: WSD needs lr_wsd_decay_iters"),
