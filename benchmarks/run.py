@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.run --quick         # a few minutes
     .venv/bin/python -m benchmarks.run --only overhead,cli
 
-Benchmarks: cli, overhead, roofline, backends, knobs. Not part of the test suite's pass/fail:
+Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint. Not part of the test suite's pass/fail:
 targets are reported (met / not met), never asserted.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
-from benchmarks import backends, cli_latency, common, knobs, overhead, roofline
+from benchmarks import backends, checkpoint_steady, cli_latency, common, knobs, overhead, roofline
 
-ORDER = ("cli", "overhead", "roofline", "backends", "knobs")
+ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint")
 PRESET = common.CONFIGS / "presets" / "llama_25m.yaml"
 
 
@@ -59,8 +59,10 @@ def summary_markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
              f"Python {m['python']}; load average at start {tuple(round(x, 2) for x in m['loadavg_at_start'])}; "
              f"{m['time']}; total {meta['total_s']:.0f} s. Command: `{meta['command']}`"]
     titles = {"cli": "CLI latency", "overhead": "Overhead vs. the bare engine", "roofline": "Machine roofline",
-              "backends": "Backend comparison (25M Llama preset)", "knobs": "Operating points"}
-    modules = {"cli": cli_latency, "overhead": overhead, "roofline": roofline, "backends": backends, "knobs": knobs}
+              "backends": "Backend comparison (25M Llama preset)", "knobs": "Operating points",
+              "checkpoint": "Steady step time after the first checkpoint / checkpoints off"}
+    modules = {"cli": cli_latency, "overhead": overhead, "roofline": roofline, "backends": backends, "knobs": knobs,
+               "checkpoint": checkpoint_steady}
     for name in ORDER:
         if name in results:
             parts.append(f"## {titles[name]}\n\n{modules[name].markdown(results[name])}")
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = backends.run(args.quick)
         elif name == "knobs":
             results[name] = knobs.run(args.quick)
+        elif name == "checkpoint":
+            results[name] = checkpoint_steady.run(args.quick)
         results[name]["elapsed_s"] = time.perf_counter() - t
         print(f"   {name}: {results[name]['elapsed_s']:.0f} s", flush=True)
     if "roofline" in results:  # achieved numbers come from the training runs, whichever ran

@@ -4,8 +4,9 @@ Put on ``PYTHONPATH`` (as ``sitecustomize``) with ``BENCH_PROBE_DIR`` set. When
 ``torch.optim.optimizer`` is imported it registers torch's *global* optimizer step post-hook,
 which fires after every ``torch.optim.Optimizer.step`` of every engine (TorchTitan's
 ``OptimizersContainer`` -> AdamW, Megatron's wrapper -> AdamW, AutoModel -> AdamW). Each
-firing appends ``rank kind optimizer_id wall_time perf_counter max_rss_kb`` to a per-process
-file. The harness turns consecutive step ends into step times, so Primus and the bare engine
+firing appends ``rank kind optimizer_id wall_time perf_counter max_rss_kb threads`` to a per-process
+file (``threads``: how many threads the process has, for ``benchmarks.checkpoint_steady``: an
+OpenMP pool left behind by a checkpoint shows there). The harness turns consecutive step ends into step times, so Primus and the bare engine
 are timed by the same code at the same point: the whole loop iteration (data, forward,
 backward, optimizer, the engine's and Primus's logging/metrics) between two optimizer steps.
 Nothing is imported or patched when ``BENCH_PROBE_DIR`` is unset.
@@ -22,6 +23,7 @@ if _DIR:
     import time
 
     _TARGET = "torch.optim.optimizer"
+    _PROC = os.path.isdir("/proc/self/task")
     _file = None
 
     def _hook(optimizer, args, kwargs):
@@ -31,7 +33,8 @@ if _DIR:
             _file = open(os.path.join(_DIR, f"steps-{os.getpid()}.txt"), "a", buffering=1)
         kind = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
         _file.write(f"{os.environ.get('RANK', '0')} {kind} {id(optimizer)} {time.time():.6f} "
-                    f"{time.perf_counter():.6f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\n")
+                    f"{time.perf_counter():.6f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} "
+                    f"{len(os.listdir('/proc/self/task')) if _PROC else 0}\n")
 
     class _Loader(importlib.abc.Loader):
         def __init__(self, inner):
