@@ -116,6 +116,13 @@ class MegatronAdapter(BackendAdapter):
             applied = apply_cpu_patches()
             if applied:
                 ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
+            if args.bf16:  # perf (#17): bf16 only where the CPU has bf16 units, else one derived line
+                from primus.plan.devices import cpu_bf16_decision
+
+                keep, reason = cpu_bf16_decision()
+                if not keep:
+                    args.bf16 = False
+                    ctx.log_derived("bf16", False, reason)
         from primus.backends.megatron.trainer import train
 
         train(args, ctx)

@@ -142,4 +142,11 @@ def build_handoff(
     if "backend" not in dist_env:
         dist_env["backend"] = dist_backend
         log_derived("dist_env.backend", dist_backend, "from the device")
+    if dist_backend == "gloo" and str(model.get("compute_dtype", "bfloat16")).lower() in ("bfloat16", "bf16"):
+        from primus.plan.devices import cpu_bf16_decision  # perf (#17): bf16 only on CPUs with bf16 units
+
+        keep, reason = cpu_bf16_decision()
+        if not keep:
+            model["compute_dtype"] = "float32"
+            log_derived("model.compute_dtype", "float32", reason)
     return handoff
