@@ -37,14 +37,30 @@ def test_torchtitan_mixed_precision(cpu):
 
 def test_automodel_compute_dtype(cpu):
     from primus.backends.nemo_automodel.config import build_handoff
+    from primus.runtime.adapter import CheckpointSpec, EnginePlan, ModuleConfig
 
-    derived = []
     params = {"model": {"compute_dtype": "bfloat16", "pretrained_model_name_or_path": "/nonexistent/pipeline"}}
-    handoff = build_handoff(params, stage="pretrain", checkpoint_dir=Path("ckpt"), resume=False, dist_backend="gloo",
-                            log_derived=lambda *d: derived.append(d), log=lambda msg: None)
-    dtype = handoff.automodel["model"]["compute_dtype"]
-    lines = [d for d in derived if d[0] == "model.compute_dtype"]
+    plan = EnginePlan(ModuleConfig("pre_trainer", "nemo_automodel", "pretrain", params), 1, None,
+                      CheckpointSpec(Path("ckpt")))
+    cfg = build_handoff(params, stage="pretrain", checkpoint_dir=Path("ckpt"), dist_backend="gloo", plan=plan)
+    lines = [d for d in plan.derived if d.key == "model.compute_dtype"]
     if cpu == "native":
-        assert dtype == "bfloat16" and not lines
+        assert cfg["model"]["compute_dtype"] == "bfloat16" and not lines
     else:
-        assert dtype == "float32" and len(lines) == 1 and "no native bf16" in lines[0][2]
+        assert cfg["model"]["compute_dtype"] == "float32" and len(lines) == 1 and "no native bf16" in lines[0].reason
+
+
+def test_megatron_bf16(cpu):
+    pytest.importorskip("megatron.core")
+    from primus.backends.megatron.adapter import MegatronAdapter
+    from primus.runtime.adapter import ModuleConfig
+
+    params = {"model": {"n_layers": 2, "dim": 64, "n_heads": 4, "vocab_size": 256}, "bf16": True,
+              "micro_batch_size": 1, "global_batch_size": 1, "seq_length": 32, "train_iters": 4, "lr": 1e-3,
+              "mock_data": True}
+    plan = MegatronAdapter().plan(ModuleConfig("pre_trainer", "megatron", "pretrain", params), 1, device="cpu")
+    lines = [d for d in plan.derived if d.key == "bf16"]
+    if cpu == "native":
+        assert plan.engine_config.bf16 and not lines
+    else:
+        assert not plan.engine_config.bf16 and len(lines) == 1 and "no native bf16" in lines[0].reason
