@@ -7,8 +7,11 @@ see ``primus/backends/dcp_group.py``). The row's ratio compares the median of st
 with the same steps of B. For TorchTitan the bare engine runs too, with Primus's fix left out
 (``--without-patch checkpoint_on_transient_group``): the upstream behaviour, same run, same load.
 
-Load-independent evidence next to the timing: the process's thread count at the last step. An
-OpenMP pool left in a gloo thread by a save shows as more threads in A than in B.
+Load-independent evidence next to the timing: the process's thread count at the first and last
+step (an OpenMP pool left in a gloo thread by a save is one more thread), and the voluntary
+context switches of its non-main threads per steady step (``BENCH_PROBE_WAKEUPS``): on an idle
+machine OpenMP workers that spin between parallel regions switch a few times per step, throttled
+ones hundreds (under load both are in the hundreds: only the thread count is load-free).
 """
 from __future__ import annotations
 
@@ -72,7 +75,8 @@ def measure(name: str, case: dict[str, Any], *, reps: int, steps: int, interval:
     runs: dict[str, list] = {v: [] for v in variants}
     try:
         for i, variant in enumerate(order):
-            run = run_probed(f"{name}:{variant}#{i}", case[variant](ws, i), verbose=True)
+            run = run_probed(f"{name}:{variant}#{i}", case[variant](ws, i), env={"BENCH_PROBE_WAKEUPS": "1"},
+                             verbose=True)
             runs[variant].append(run)
     finally:
         shutil.rmtree(ws, ignore_errors=True)
@@ -80,7 +84,11 @@ def measure(name: str, case: dict[str, Any], *, reps: int, steps: int, interval:
     def summary(variant: str) -> dict[str, Any]:
         ok = [r for r in runs[variant] if r.rc == 0 and len(r.step_ends) >= steps]
         meds = [m for r in ok if (m := _steady(r, first, steps)) is not None]
+        # OpenMP wake-ups per step after the first save: ~5 spinning, ~500 throttled (tiny demo)
+        wakes = [median([b - a for a, b in zip(r.wakeups[first - 2:], r.wakeups[first - 1:])]) for r in ok
+                 if len(r.wakeups) >= steps]
         return {"step_time_s": median(meds), "run_medians_s": meds, "runs_ok": len(ok),
+                "wakeups_per_step": median([w for w in wakes if w is not None]),
                 "threads_at_first_step": [r.threads[0] for r in ok if r.threads],
                 "threads_at_last_step": [r.threads[-1] for r in ok if r.threads]}
 
@@ -111,14 +119,19 @@ def run(quick: bool) -> dict[str, Any]:
 def markdown(results: dict[str, Any]) -> str:
     rows = []
     for c in results["cases"]:
-        threads = f"{c['on']['threads_at_last_step']} vs {c['off']['threads_at_last_step']}"
+        def grown(variant: str) -> str:
+            v = c.get(variant)
+            return "—" if not v else ", ".join(f"{a}→{b}" for a, b in zip(v["threads_at_first_step"],
+                                                                          v["threads_at_last_step"]))
+        threads = f"on {grown('on')}; off {grown('off')}; bare on {grown('bare_on')}"
         upstream = fmt(c.get("ratio_upstream"), ".3f") if "ratio_upstream" in c else "—"
+        wakes = " / ".join(fmt((c.get(v) or {}).get("wakeups_per_step"), ".0f") for v in ("on", "off", "bare_on"))
         rows.append([c["case"], fmt(c["on"]["step_time_s"], ".4f"), fmt(c["off"]["step_time_s"], ".4f"),
                      f"**{fmt(c['ratio'], '.3f')}**", "yes" if c["target_met"] else "no",
-                     "yes" if c["acceptance_met"] else "no", upstream, threads,
+                     "yes" if c["acceptance_met"] else "no", upstream, threads, wakes,
                      f"{c['steady_steps'][0]}–{c['steady_steps'][1]}"])
     return (md_table(["case", "step ckpt on (s)", "step ckpt off (s)", "on / off", f"≤{results['target']}",
                       f"≤{results['acceptance']}", "bare engine without the fix: on / off",
-                      "threads at last step (on vs off)", "steps compared"], rows)
+                      "threads, first→last step", "wake-ups/step on / off / bare on", "steps compared"], rows)
             + f"\n\nIntra-op threads: {results['threads']}. A save every `interval` steps vs none, interleaved; "
               "ratio of the median steady step times.")

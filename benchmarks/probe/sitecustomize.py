@@ -24,6 +24,21 @@ if _DIR:
 
     _TARGET = "torch.optim.optimizer"
     _PROC = os.path.isdir("/proc/self/task")
+    _WAKEUPS = _PROC and os.environ.get("BENCH_PROBE_WAKEUPS") == "1"
+
+    def _wakeups() -> int:
+        """Voluntary context switches of all threads but the main one: OpenMP workers that sleep
+        between parallel regions instead of spinning show up here (checkpoint_steady)."""
+        total, main = 0, str(os.getpid())
+        for tid in os.listdir("/proc/self/task"):
+            if tid == main:
+                continue
+            try:
+                with open(f"/proc/self/task/{tid}/status") as status:
+                    total += next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt"))
+            except (OSError, StopIteration):
+                pass
+        return total
     _file = None
 
     def _hook(optimizer, args, kwargs):
@@ -34,7 +49,7 @@ if _DIR:
         kind = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
         _file.write(f"{os.environ.get('RANK', '0')} {kind} {id(optimizer)} {time.time():.6f} "
                     f"{time.perf_counter():.6f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} "
-                    f"{len(os.listdir('/proc/self/task')) if _PROC else 0}\n")
+                    f"{len(os.listdir('/proc/self/task')) if _PROC else 0} {_wakeups() if _WAKEUPS else 0}\n")
 
     class _Loader(importlib.abc.Loader):
         def __init__(self, inner):
