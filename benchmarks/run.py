@@ -25,13 +25,12 @@ PRESET = common.CONFIGS / "presets" / "llama_25m.yaml"
 
 def _achieved(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Achieved TFLOP/s per backend (and dtype) on the 25M preset, from the Primus runs of this suite."""
-    from primus.plan.flops import dense_decoder_flops_per_token
+    from primus.plan.flops import flops_per_token
     from primus.plan.model import ModelSpec
 
     spec = ModelSpec(**yaml.safe_load(PRESET.read_text())["model"])
     seq, batch = 256, 2
-    fpt = dense_decoder_flops_per_token(n_layers=spec.n_layers, dim=spec.dim, seq_len=seq,
-                                        matmul_params=spec.matmul_params())
+    fpt = flops_per_token(spec, seq)  # the one convention (Megatron-LM's num_floating_point_operations)
     out = {}
     model = f"llama_25m ({spec.total_params() / 1e6:.1f}M params, seq {seq}, global bs {batch})"
     precision_cases = {c["backend"]: c for c in (results.get("precision") or {}).get("cases", [])}
