@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args, extras) or 0)
     except ConfigError as exc:
+        from primus.runtime.rundir import ExitCode
+
         print(f"primus: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         print("primus: interrupted", file=sys.stderr)
         return 130

@@ -1,16 +1,13 @@
-"""User-facing configuration errors: one line, exit status 2, never a traceback."""
+"""User-facing configuration errors: one line, never a traceback; the CLI exits with
+``ExitCode.BAD_INPUT`` (``primus.runtime.rundir``, where every exit status is defined)."""
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
 
-USER_ERROR_EXIT = 2
-
 
 class ConfigError(Exception):
     """A mistake in the user's input (file, key, value, path). Printed as one line."""
-
-    exit_code = USER_ERROR_EXIT
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))

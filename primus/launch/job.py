@@ -1,23 +1,33 @@
-"""A training job from the launching process' side: claim the run dir, save, launch, record."""
+"""A training job, as each node's launcher runs it. One story for node 0 and the others:
+
+1. validate everything (nothing is written before this passes);
+2. claim the run directory: node 0 locks it, applies the resume policy, prepares, writes the
+   resolved config and the payload, and opens an attempt in the manifest; a node > 0 waits for
+   node 0's payload of this attempt (shared filesystem) or writes its own copy;
+3. launch this node's workers, watching the peers of a multi-node job;
+4. record the end (node 0) and report: one ``[primus] FAILED`` line per failure, then one status line.
+"""
 from __future__ import annotations
 
-import json
 import shutil
 import sys
-from pathlib import Path
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from primus.config.errors import ConfigError
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
 from primus.config.schema import PrimusOptions, validate_model
-from primus.launch.local import LaunchPlan, launch_workers
-from primus.launch.multinode import PeerWatch, is_follower, run_follower_node
+from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, launch_workers, summarize_error
+from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
+from primus.launch.plan import LaunchPlan
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.registry import get_adapter
-from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER
-from primus.runtime.rundir import (RunDirLock, decide_resume, finish_manifest, make_run_dir, run_dir_of,
-                                   start_manifest, write_resolved_config)
+from primus.runtime.rundir import INTERRUPTED, ExitCode, RunDir
 
 TRAIN_TARGET = "primus.runtime.train:train_worker"
+DISK_FULL_BYTES = 16 * 2**20
 
 
 def select_module(resolved: ResolvedExperiment, name: str | None) -> ResolvedModule:
@@ -42,65 +52,151 @@ def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, che
     return adapter
 
 
+@dataclass
+class Job:
+    """What one node's launcher works with, validated."""
+
+    resolved: ResolvedExperiment
+    module: ResolvedModule
+    adapter: BackendAdapter
+    plan: LaunchPlan
+    run_dir: RunDir
+    argv: list[str]
+    outcome: LaunchResult = field(default_factory=lambda: LaunchResult(ExitCode.FAILED, ["launcher interrupted"]))
+
+    @property
+    def who(self) -> str:
+        """'' on node 0, 'node N ' on the others (the prefix of their status lines)."""
+        return "" if self.plan.is_node_zero else f"node {self.plan.node_rank} "
+
+
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: str, dry_run: bool, argv: list[str]) -> int:
     adapter = validate_module(resolved, module, check_paths=True)
-    config = ModuleConfig.of(module)
-    adapter.check_world_size(config, plan.world_size, resolved.provenance)
-    run_dir = run_dir_of(resolved.spec)
-    plan.with_port()
-    payload_path = run_dir / "launch.json"
+    adapter.check_world_size(ModuleConfig.of(module), plan.world_size, resolved.provenance)
+    job = Job(resolved, module, adapter, plan.with_port(), RunDir.of(resolved.spec), argv)
     if dry_run:
-        print(f"experiment: {resolved.spec.exp_name} ({module.framework} {adapter.installed_version()}, "
-              f"stage {module.stage}, module {module.name})")
-        print(f"run dir:    {run_dir}")
-        print(f"processes:  {plan.world_size} ({plan.nnodes} node(s) x {plan.nproc_per_node})")
-        print(f"command:    {plan.describe(TRAIN_TARGET, payload_path)}")
-        return 0
-    if is_follower(plan):  # multi-node: node 0 owns the run dir (primus/launch/multinode.py)
-        return run_follower_node(resolved, module, adapter, plan, run_dir, resume)
-    make_run_dir(run_dir)
-    with RunDirLock(run_dir):
-        resuming = decide_resume(run_dir, resume)
-        adapter.prepare(config, lambda message: print(f"[primus] {message}", flush=True))
-        config_hash = write_resolved_config(run_dir, resolved.redacted_tree())
-        payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming,
-                                            "attempt": plan.rdzv_id}))
-        (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
-        manifest = start_manifest(run_dir, engine=module.framework, engine_version=adapter.installed_version(),
-                                  world_size=plan.world_size, config_hash=config_hash, argv=argv)
-        print(f"[primus] {'resuming' if resuming else 'starting'} {resolved.spec.exp_name} -> {run_dir}", flush=True)
-        exit_code, failures = 1, ["launcher interrupted"]
-        try:
-            with PeerWatch(run_dir, plan) as peers:  # multi-node: name a lost peer on failure
-                result = launch_workers(TRAIN_TARGET, payload_path, plan)
-                lost = peers.lost_peers() if result.exit_code != 0 else []
-            exit_code, failures = result.exit_code, lost + result.failures
-            if exit_code != 0 and (run_dir / PREEMPTED_MARKER).exists():
-                exit_code, failures = PREEMPTED_EXIT, []
-        finally:
-            _record_end(run_dir, manifest, exit_code, plan.node_rank == 0)
-    for line in failures:
-        print(f"[primus] FAILED {line} (see {run_dir / 'logs' / module.name}/rank-*/error.log)", file=sys.stderr)
-    if exit_code not in (0, PREEMPTED_EXIT) and shutil.disk_usage(run_dir).free < 16 * 2**20:
-        print(f"[primus] the disk holding {run_dir} is full ({shutil.disk_usage(run_dir).free} bytes free): "
-              "free space, then run the same command to resume from the last complete checkpoint", file=sys.stderr)
-    if exit_code == PREEMPTED_EXIT:
-        print(f"[primus] preempted: checkpoint saved; run the same command again to resume ({run_dir})", flush=True)
+        _print_dry_run(job)
+        return ExitCode.COMPLETED
+    claim = _claim_as_node_zero if plan.is_node_zero else _join_as_other_node
+    try:
+        with StopsRaise() as stops, claim(job, resume):
+            job.outcome = _launch(job, stops)
+    except LauncherInterrupted as stop:
+        job.outcome = LaunchResult(128 + stop.signum, [f"{stop} before its workers ended; run the same command to "
+                                                       "resume"])
+    except LeaderMissing as missing:
+        job.outcome = LaunchResult(ExitCode.FAILED, [str(missing)])
+    return _report(job)
+
+
+def _print_dry_run(job: Job) -> None:
+    module = job.module
+    print(f"experiment: {job.resolved.spec.exp_name} ({module.framework} {job.adapter.installed_version()}, "
+          f"stage {module.stage}, module {module.name})")
+    print(f"run dir:    {job.run_dir}")
+    print(f"processes:  {job.plan.world_size} ({job.plan.nnodes} node(s) x {job.plan.nproc_per_node})")
+    print(f"command:    {job.plan.describe(TRAIN_TARGET, job.run_dir.payload)}")
+
+
+def _say(message: str) -> None:
+    print(f"[primus] {message}", flush=True)
+
+
+def _prepare_and_save(job: Job, resuming: bool) -> str:
+    """Build what the run needs before any rank starts, then write what the workers read."""
+    job.adapter.prepare(ModuleConfig.of(job.module), _say)
+    config_hash = job.run_dir.write_config(job.resolved.redacted_tree())
+    job.run_dir.write_payload(module=job.module.name, resume=resuming, attempt=job.plan.rdzv_id)
+    return config_hash
+
+
+@contextmanager
+def _claim_as_node_zero(job: Job, resume: str) -> Iterator[None]:
+    """Own the run dir for the launch: lock, resume policy, config, payload and a manifest attempt
+    whose end is recorded however the launch ends (an interruption included)."""
+    run_dir = job.run_dir
+    run_dir.create()
+    with run_dir.lock():
+        resuming = run_dir.decide_resume(resume)
+        config_hash = _prepare_and_save(job, resuming)
+        run_dir.clear_preempted()
+        try:  # from here on, the attempt's end is recorded however the launch ends
+            run_dir.start_attempt(engine=job.module.framework, engine_version=job.adapter.installed_version(),
+                                  world_size=job.plan.world_size, config_hash=config_hash, argv=job.argv)
+            _say(f"{'resuming' if resuming else 'starting'} {job.resolved.spec.exp_name} -> {run_dir}")
+            yield
+        except (LauncherInterrupted, KeyboardInterrupt) as stop:
+            _record_end(run_dir, 128 + getattr(stop, "signum", 2), status=INTERRUPTED, note=str(stop) or "SIGINT")
+            raise
+        except BaseException:
+            _record_end(run_dir, ExitCode.FAILED)
+            raise
+        else:
+            _record_end(run_dir, job.outcome.exit_code, plot=True)
+
+
+@contextmanager
+def _join_as_other_node(job: Job, resume: str) -> Iterator[None]:
+    """A node > 0 never claims the run dir: it waits for node 0's attempt, or (no shared
+    filesystem) writes its own copy of what its workers read."""
+    if job.plan.shared_fs:
+        wait_for_leader(job.run_dir, job.plan)
     else:
-        print(f"[primus] {'done' if exit_code == 0 else 'failed'}: {run_dir}", flush=True)
-    return exit_code
+        job.run_dir.create()
+        _prepare_and_save(job, resuming=resume != "never" and job.run_dir.checkpoints.is_dir())
+    _say(f"node {job.plan.node_rank}/{job.plan.nnodes} of {job.resolved.spec.exp_name}: starting "
+         f"{job.plan.nproc_per_node} worker(s) -> {job.run_dir}")
+    yield
 
 
-def _record_end(run_dir: Path, manifest: dict, exit_code: int, plot: bool) -> None:
+def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
+    """This node's workers, the peers lost meanwhile, and the preemption marker read."""
+    try:
+        with PeerWatch(job.run_dir, job.plan) as peers:  # multi-node: name a lost peer on failure
+            result = launch_workers(TRAIN_TARGET, job.run_dir.payload, job.plan)
+            lost = peers.lost_peers() if result.exit_code != ExitCode.COMPLETED else []
+    except (LauncherInterrupted, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the launcher's own failure: one line here, the traceback in a file
+        log = job.run_dir.logs() / "launcher-error.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("".join(traceback.format_exception(exc)))
+        return LaunchResult(ExitCode.FAILED, [f"launcher error on node {job.plan.node_rank}: "
+                                              f"{summarize_error(f'{type(exc).__name__}: {exc}')} (traceback: {log})"])
+    finally:
+        stops.install()  # torchrun / an in-process worker took the signals over
+    exit_code = job.run_dir.outcome(result.exit_code)
+    if exit_code == ExitCode.PREEMPTED:
+        return LaunchResult(exit_code, [])
+    return LaunchResult(exit_code, lost + result.failures)
+
+
+def _record_end(run_dir: RunDir, exit_code: int, *, status: str | None = None, note: str | None = None,
+                plot: bool = False) -> None:
     """Manifest status and plot; a full or read-only disk is reported, never masks the run's own error."""
     try:
-        finish_manifest(run_dir, manifest, exit_code)
+        run_dir.finish_attempt(exit_code, status, note)
         if plot:
             from primus.runtime.plot import plot_metrics
 
-            plot_metrics(run_dir)
+            plot_metrics(run_dir.path)
     except ImportError:
         print("[primus] matplotlib not installed: no metrics.png", file=sys.stderr)
     except OSError as exc:
         print(f"[primus] cannot record the end of the run in {run_dir}: {exc.strerror}", file=sys.stderr)
+
+
+def _report(job: Job) -> int:
+    run_dir, exit_code = job.run_dir, job.outcome.exit_code
+    for line in job.outcome.failures:
+        print(f"[primus] FAILED {line} (see {run_dir.logs(job.module.name)}/rank-*/error.log)", file=sys.stderr)
+    if exit_code not in (ExitCode.COMPLETED, ExitCode.PREEMPTED) and run_dir.path.is_dir() \
+            and shutil.disk_usage(run_dir.path).free < DISK_FULL_BYTES:
+        print(f"[primus] the disk holding {run_dir} is full ({shutil.disk_usage(run_dir.path).free} bytes free): "
+              "free space, then run the same command to resume from the last complete checkpoint", file=sys.stderr)
+    if exit_code == ExitCode.PREEMPTED:
+        _say(f"{job.who}preempted: checkpoint saved; run the same command again to resume ({run_dir})")
+    else:
+        _say(f"{job.who}{'done' if exit_code == ExitCode.COMPLETED else 'failed'}: {run_dir}")
+    return exit_code

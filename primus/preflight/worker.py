@@ -78,7 +78,9 @@ def worker_main(options: dict[str, Any]) -> int:
     except (ConfigError, ValueError) as exc:
         if rank == 0:
             print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return ConfigError.exit_code
+        from primus.runtime.rundir import ExitCode
+
+        return ExitCode.BAD_INPUT
     if rank in opts.simulate_absent_ranks:  # test hook: behave like a rank whose node never came up
         time.sleep(opts.timeout * 3 + 10)
         return 1

@@ -4,7 +4,7 @@ import pytest
 from primus.config.resolve import resolve_experiment
 from primus.config.secrets import is_secret_key, restore_secrets
 from primus.runtime.registry import backend_defaults
-from primus.runtime.rundir import read_resolved_config, write_resolved_config
+from primus.runtime.rundir import RunDir
 
 from tests.conftest import ROOT, write
 
@@ -29,8 +29,8 @@ def test_not_secret_keys(key):
 
 def _saved_and_read_back(resolved, run_dir):
     run_dir.mkdir(parents=True)
-    write_resolved_config(run_dir, resolved.redacted_tree())
-    return restore_secrets(read_resolved_config(run_dir))
+    RunDir(run_dir).write_config(resolved.redacted_tree())
+    return restore_secrets(RunDir(run_dir).read_config())
 
 
 @pytest.mark.parametrize("example", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
