@@ -6,11 +6,28 @@ import difflib
 from collections.abc import Iterable
 
 
+_SECRET_VALUES: set[str] = set()  # values of secret keys met so far (primus.config.secrets.remember_secrets)
+_MASK = "<redacted>"
+
+
+def remember_secret(value: str) -> None:
+    if len(value) >= 4:  # shorter ones would mask ordinary text
+        _SECRET_VALUES.add(value)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with every secret value seen in this process masked."""
+    for value in sorted(_SECRET_VALUES, key=len, reverse=True):
+        text = text.replace(value, _MASK)
+    return text
+
+
 class ConfigError(Exception):
-    """A mistake in the user's input (file, key, value, path). Printed as one line."""
+    """A mistake in the user's input (file, key, value, path). Printed as one line, never echoing
+    a secret value."""
 
     def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
+        super().__init__(mask_secrets(" ".join(str(message).split())))
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:

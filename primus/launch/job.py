@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import traceback
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from primus.config.errors import ConfigError
+from primus.config.errors import ConfigError, mask_secrets
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
 from primus.config.schema import PrimusOptions, validate_model
 from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, launch_workers, summarize_error
@@ -63,6 +64,11 @@ class Job:
     run_dir: RunDir
     argv: list[str]
     outcome: LaunchResult = field(default_factory=lambda: LaunchResult(ExitCode.FAILED, ["launcher interrupted"]))
+    saved_tree: dict = field(init=False)  # config.resolved.yaml: every secret a ${VAR} reference
+    secret_env: dict[str, str] = field(init=False)  # the variables those references name, for the workers
+
+    def __post_init__(self) -> None:
+        self.saved_tree, self.secret_env = self.resolved.saved_tree()
 
     @property
     def who(self) -> str:
@@ -78,6 +84,7 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
     if dry_run:
         _print_dry_run(job)
         return ExitCode.COMPLETED
+    os.environ.update(job.secret_env)  # literal secrets reach the workers by environment, nowhere else
     claim = _claim_as_node_zero if plan.is_node_zero else _join_as_other_node
     try:
         with StopsRaise() as stops, claim(job, resume):
@@ -106,7 +113,7 @@ def _say(message: str) -> None:
 def _prepare_and_save(job: Job, resuming: bool) -> str:
     """Build what the run needs before any rank starts, then write what the workers read."""
     job.adapter.prepare(ModuleConfig.of(job.module), _say)
-    config_hash = job.run_dir.write_config(job.resolved.redacted_tree())
+    config_hash = job.run_dir.write_config(job.saved_tree)
     job.run_dir.write_payload(module=job.module.name, resume=resuming, attempt=job.plan.rdzv_id)
     return config_hash
 
@@ -189,7 +196,7 @@ def _record_end(run_dir: RunDir, exit_code: int, *, status: str | None = None, n
 
 def _report(job: Job) -> int:
     run_dir, exit_code = job.run_dir, job.outcome.exit_code
-    for line in job.outcome.failures:
+    for line in map(mask_secrets, job.outcome.failures):
         print(f"[primus] FAILED {line} (see {run_dir.logs(job.module.name)}/rank-*/error.log)", file=sys.stderr)
     if exit_code not in (ExitCode.COMPLETED, ExitCode.PREEMPTED) and run_dir.path.is_dir() \
             and shutil.disk_usage(run_dir.path).free < DISK_FULL_BYTES:

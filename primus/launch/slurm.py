@@ -84,12 +84,13 @@ def step_flags(config: LauncherConfig, nodes: int) -> list[str]:
     return [f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *config.slurm.srun_args]
 
 
-def submit(script: str, script_path: Path) -> str:
+def submit(script: str, script_path: Path, env: dict[str, str] | None = None) -> str:
     if not shutil.which("sbatch"):
         raise ConfigError("--slurm: 'sbatch' is not on PATH (run on a Slurm login node, or use --dry-run)")
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script)
-    out = subprocess.run(["sbatch", "--parsable", str(script_path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(["sbatch", "--parsable", str(script_path)], capture_output=True, text=True, timeout=120,
+                         env=env)
     if out.returncode != 0:
         reason = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise ConfigError(f"sbatch {script_path}: {reason}")

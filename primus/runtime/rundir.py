@@ -33,6 +33,7 @@ import yaml
 
 import primus
 from primus.config.errors import ConfigError
+from primus.config.secrets import redact_argv
 
 
 class ExitCode(IntEnum):
@@ -218,8 +219,9 @@ class RunDir:
 
     def start_attempt(self, *, engine: str, engine_version: str | None, world_size: int, config_hash: str,
                       argv: list[str]) -> None:
-        """Record a new attempt as ``running`` (argv must already be redacted). An earlier attempt
+        """Record a new attempt as ``running`` (argv is kept with secrets redacted). An earlier attempt
         still ``running`` lost its launcher (SIGKILL, node loss): it is recorded as interrupted."""
+        argv = redact_argv(argv)
         manifest = self.read_manifest(strict=True)
         attempts = manifest.setdefault("attempts", [])
         if attempts and attempts[-1].get("status") == "running":
