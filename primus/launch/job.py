@@ -24,6 +24,7 @@ from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, l
 from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
 from primus.launch.plan import LaunchPlan
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
+from primus.runtime.checkpoints import newest_usable
 from primus.runtime.registry import get_adapter
 from primus.runtime.rundir import INTERRUPTED, ExitCode, RunDir
 
@@ -94,6 +95,10 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
                                                        "resume"])
     except LeaderMissing as missing:
         job.outcome = LaunchResult(ExitCode.FAILED, [str(missing)])
+    except ConfigError:
+        raise
+    except Exception as exc:  # the launcher's own failure (a full disk, torchrun): one line, traceback in a file
+        job.outcome = LaunchResult(ExitCode.FAILED, [_launcher_error(job, exc)])
     return _report(job)
 
 
@@ -126,6 +131,8 @@ def _claim_as_node_zero(job: Job, resume: str) -> Iterator[None]:
     run_dir.create()
     with run_dir.lock():
         resuming = run_dir.decide_resume(resume)
+        if resuming:  # a damaged newest checkpoint: fall back, or refuse before anything is written
+            newest_usable(run_dir.checkpoints, warn=lambda message: _say(f"warning: {message}"))
         config_hash = _prepare_and_save(job, resuming)
         run_dir.clear_preempted()
         try:  # from here on, the attempt's end is recorded however the launch ends
@@ -163,20 +170,25 @@ def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
         with PeerWatch(job.run_dir, job.plan) as peers:  # multi-node: name a lost peer on failure
             result = launch_workers(TRAIN_TARGET, job.run_dir.payload, job.plan)
             lost = peers.lost_peers() if result.exit_code != ExitCode.COMPLETED else []
-    except (LauncherInterrupted, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # the launcher's own failure: one line here, the traceback in a file
-        log = job.run_dir.logs() / "launcher-error.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text("".join(traceback.format_exception(exc)))
-        return LaunchResult(ExitCode.FAILED, [f"launcher error on node {job.plan.node_rank}: "
-                                              f"{summarize_error(f'{type(exc).__name__}: {exc}')} (traceback: {log})"])
     finally:
         stops.install()  # torchrun / an in-process worker took the signals over
     exit_code = job.run_dir.outcome(result.exit_code)
     if exit_code == ExitCode.PREEMPTED:
         return LaunchResult(exit_code, [])
     return LaunchResult(exit_code, lost + result.failures)
+
+
+def _launcher_error(job: Job, exc: Exception) -> str:
+    """The line for a failure of the launcher itself; its traceback goes to a file, if one can be written."""
+    where = ""
+    try:
+        log = job.run_dir.logs() / f"launcher-node{job.plan.node_rank}-error.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(mask_secrets("".join(traceback.format_exception(exc))))
+        where = f" (traceback: {log})"
+    except OSError:
+        pass
+    return f"launcher error on node {job.plan.node_rank}: {summarize_error(f'{type(exc).__name__}: {exc}')}{where}"
 
 
 def _record_end(run_dir: RunDir, exit_code: int, *, status: str | None = None, note: str | None = None,

@@ -192,6 +192,11 @@ class TorchTitanAdapter(BackendAdapter):
             ctx.log_derived(key, value, reason)
         if ctx.resume and not cfg.checkpoint.enable:
             ctx.logger.warning("--resume given but checkpoint.enable is false: starting from step 0")
+        if cfg.checkpoint.enable and cfg.checkpoint.load_step < 0:  # (rel, #16) skip a damaged newest checkpoint
+            from primus.runtime.checkpoints import newest_usable
+
+            step = newest_usable(ctx.checkpoint_dir, "torchtitan")
+            cfg.checkpoint.load_step = cfg.checkpoint.load_step if step is None else step
         trainer = cfg.build()
         seq_len = cfg.training.seq_len
         dp = trainer.parallel_dims.dp_replicate * trainer.parallel_dims.dp_shard
