@@ -128,11 +128,13 @@ def _claim_as_node_zero(job: Job, resume: str) -> Iterator[None]:
     """Own the run dir for the launch: lock, resume policy, config, payload and a manifest attempt
     whose end is recorded however the launch ends (an interruption included)."""
     run_dir = job.run_dir
+    if run_dir.path.is_dir() and run_dir.decide_resume(resume):  # refuse before writing even the lock file
+        newest_usable(run_dir.checkpoints, warn=lambda _message: None)
     run_dir.create()
     with run_dir.lock():
         resuming = run_dir.decide_resume(resume)
-        if resuming:  # a damaged newest checkpoint: fall back, or refuse before anything is written
-            newest_usable(run_dir.checkpoints, warn=lambda message: _say(f"warning: {message}"))
+        if resuming:  # a damaged newest checkpoint: fall back to an older one (moving it aside), or refuse
+            newest_usable(run_dir.checkpoints, warn=lambda message: _say(f"warning: {message}"), move_damaged=True)
         config_hash = _prepare_and_save(job, resuming)
         run_dir.clear_preempted()
         try:  # from here on, the attempt's end is recorded however the launch ends

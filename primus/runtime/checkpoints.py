@@ -9,8 +9,9 @@ hold, and its small side files (Megatron's ``common.pt``, ``metadata.json``) are
 Resuming picks the newest usable checkpoint, warning about each newer one it skips (naming
 the bad file), and refuses (exit 2, naming it) when there are checkpoints but none is usable.
 A directory without ``.metadata`` is a save that never finished (the engines skip it too): it
-is named in a warning but is no reason to refuse. Nothing is ever deleted: a damaged
-checkpoint stays for the user to inspect.
+is named in a warning but is no reason to refuse. Nothing is ever deleted: the launcher moves
+a damaged checkpoint aside (``step-4`` -> ``step-4.damaged``) so that the resumed run cannot
+overwrite it, and it stays there for the user to inspect.
 """
 from __future__ import annotations
 
@@ -89,27 +90,41 @@ def checkpoints_in(root: Path, layout: str | None = None) -> list[tuple[int, Pat
     return sorted(found, key=lambda item: item[0], reverse=True)
 
 
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint out of the engines' sight (``<name>.damaged``, then ``.damaged-2``, ...)."""
+    target, n = path.with_name(f"{path.name}.damaged"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{n}")
+    path.rename(target)
+    return target
+
+
 def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None = None,
-                  warn: Callable[[str], None] | None = None) -> int | None:
+                  warn: Callable[[str], None] | None = None, move_damaged: bool = False) -> int | None:
     """The step of the newest whole checkpoint under ``root`` (at most ``at_most``), or None when
-    there is no checkpoint at all. Each newer, damaged one is named in a warning; when every one
-    is damaged, ``UnusableCheckpoint`` names the newest."""
+    there is no checkpoint at all. Each newer, damaged one is named in a warning (and moved aside
+    with ``move_damaged``); when every one is damaged, ``UnusableCheckpoint`` names the newest."""
     warn = warn or logger.warning
     candidates = [(step, path) for step, path in checkpoints_in(root, layout) if at_most is None or step <= at_most]
-    problems, damaged = [], []
+    skipped: list[str] = []  # problems of the newer checkpoints, newest first
+    damaged: list[tuple[Path, str]] = []  # those that finished saving and are broken since
     for step, path in candidates:
         problem = problem_of(path)
         if problem is None:
-            for skipped in problems:
-                warn(f"checkpoint not usable, skipped: {skipped}; resuming from {path} instead (nothing was deleted)")
+            for line in skipped:
+                warn(f"checkpoint not usable, skipped: {line}; resuming from {path} instead (nothing was deleted)")
+            if move_damaged:
+                for bad, _ in damaged:
+                    warn(f"moved the damaged checkpoint {bad} to {set_aside(bad)}, so that this run cannot overwrite it")
             return step
-        problems.append(problem)
+        skipped.append(problem)
         if not _unfinished(path):
-            damaged.append(problem)
+            damaged.append((path, problem))
     if damaged:
-        raise UnusableCheckpoint(f"{root}: no usable checkpoint to resume from; the newest: {damaged[0]} "
-                                 f"({len(problems)} checked, nothing was deleted; move the damaged ones away to "
+        raise UnusableCheckpoint(f"{root}: no usable checkpoint to resume from; the newest: {damaged[0][1]} "
+                                 f"({len(skipped)} checked, nothing was deleted; move the damaged ones away to "
                                  "start from scratch)")
-    for skipped in problems:
-        warn(f"checkpoint not usable, skipped: {skipped}; starting from scratch (nothing was deleted)")
+    for line in skipped:
+        warn(f"checkpoint not usable, skipped: {line}; starting from scratch (nothing was deleted)")
     return None
