@@ -139,7 +139,7 @@ def run_container(request: NodeRequest, config: LauncherConfig, *, workspace: Pa
     for source, _, _ in mounts_for(workspace, config.container, dict(os.environ), Path.cwd()):
         Path(source).mkdir(parents=True, exist_ok=True)  # workspace and cache: the engine would make them root-only
     print(f"[primus] running in {command.engine}: {config.container.image}", flush=True)
-    return run_forwarding(command.argv, {**os.environ, **command.env})
+    return run_forwarding(command.argv, {**os.environ, **secret_env, **command.env})  # docker -e NAME reads it here
 
 
 def run_slurm(request: NodeRequest, config: LauncherConfig, *, run_dir: Path, exp_name: str,
