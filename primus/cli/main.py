@@ -47,10 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args, extras) or 0)
     except ConfigError as exc:
-        from primus.runtime.rundir import ExitCode
-
-        print(f"primus: error: {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
+        for line in exc.lines():
+            print(f"primus: error: {line}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("primus: interrupted", file=sys.stderr)
         return 130

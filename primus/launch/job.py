@@ -19,14 +19,15 @@ from dataclasses import dataclass, field
 
 from primus.config.errors import ConfigError, mask_secrets
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
-from primus.config.schema import PrimusOptions, validate_model
 from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, launch_workers, summarize_error
 from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
 from primus.launch.plan import LaunchPlan
-from primus.runtime.adapter import BackendAdapter, ModuleConfig
+from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
 from primus.runtime.checkpoints import newest_usable
+from primus.runtime.context import host_device
 from primus.runtime.registry import get_adapter
 from primus.runtime.rundir import INTERRUPTED, ExitCode, RunDir
+from primus.runtime.train import hand_over_plan
 
 TRAIN_TARGET = "primus.runtime.train:train_worker"
 DISK_FULL_BYTES = 16 * 2**20
@@ -40,18 +41,22 @@ def select_module(resolved: ResolvedExperiment, name: str | None) -> ResolvedMod
     return resolved.modules[name]
 
 
-def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, check_paths: bool = False) -> BackendAdapter:
-    """Engine-level validation: the engine must be installed and accept every key."""
+def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
+                check_paths: bool = False, require_engine: bool = True,
+                run_dir: Path | None = None) -> tuple[BackendAdapter, EnginePlan]:
+    """The module's ``EnginePlan``, built once: every key accepted by the engine's own config, the
+    layout checked against ``world_size`` when given, and (``check_paths``) its input files present."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
-    adapter.require_installed()
+    if require_engine:
+        adapter.require_installed()
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
-    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,
-                   f"modules.{module.name}.primus")
-    config = ModuleConfig.of(module, stage)
-    adapter.validate(config, resolved.provenance)
+    plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
+                        device=host_device())
+    if require_engine:
+        adapter.import_engine()
     if check_paths:
-        adapter.check_inputs(config, resolved.provenance)
-    return adapter
+        adapter.check_inputs(plan, resolved.provenance)
+    return adapter, plan
 
 
 @dataclass
@@ -61,6 +66,7 @@ class Job:
     resolved: ResolvedExperiment
     module: ResolvedModule
     adapter: BackendAdapter
+    engine_plan: EnginePlan  # built once here; workers rebuild it from config.resolved.yaml
     plan: LaunchPlan
     run_dir: RunDir
     argv: list[str]
@@ -79,9 +85,9 @@ class Job:
 
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: str, dry_run: bool, argv: list[str]) -> int:
-    adapter = validate_module(resolved, module, check_paths=True)
-    adapter.check_world_size(ModuleConfig.of(module), plan.world_size, resolved.provenance)
-    job = Job(resolved, module, adapter, plan.with_port(), RunDir.of(resolved.spec), argv)
+    run_dir = RunDir.of(resolved.spec)
+    adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path)
+    job = Job(resolved, module, adapter, engine_plan, plan.with_port(), run_dir, argv)
     if dry_run:
         _print_dry_run(job)
         return ExitCode.COMPLETED
@@ -117,7 +123,7 @@ def _say(message: str) -> None:
 
 def _prepare_and_save(job: Job, resuming: bool) -> str:
     """Build what the run needs before any rank starts, then write what the workers read."""
-    job.adapter.prepare(ModuleConfig.of(job.module), _say)
+    job.adapter.prepare(job.engine_plan, _say)
     config_hash = job.run_dir.write_config(job.saved_tree)
     job.run_dir.write_payload(module=job.module.name, resume=resuming, attempt=job.plan.rdzv_id)
     return config_hash
@@ -170,6 +176,8 @@ def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
     """This node's workers, the peers lost meanwhile, and the preemption marker read."""
     try:
         with PeerWatch(job.run_dir, job.plan) as peers:  # multi-node: name a lost peer on failure
+            if job.plan.in_process:  # the worker runs in this process: it takes this plan, not a rebuilt one
+                hand_over_plan(job.run_dir.path, job.module.name, job.engine_plan)
             result = launch_workers(TRAIN_TARGET, job.run_dir.payload, job.plan)
             lost = peers.lost_peers() if result.exit_code != ExitCode.COMPLETED else []
     finally:

@@ -78,9 +78,7 @@ def worker_main(options: dict[str, Any]) -> int:
     except (ConfigError, ValueError) as exc:
         if rank == 0:
             print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        from primus.runtime.rundir import ExitCode
-
-        return ExitCode.BAD_INPUT
+        return ConfigError.exit_code
     if rank in opts.simulate_absent_ranks:  # test hook: behave like a rank whose node never came up
         time.sleep(opts.timeout * 3 + 10)
         return 1

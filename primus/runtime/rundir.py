@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import yaml
 
 import primus
-from primus.config.errors import ConfigError
+from primus.config.errors import USER_ERROR_EXIT, ConfigError
 from primus.config.secrets import redact_argv
 
 
@@ -41,7 +41,7 @@ class ExitCode(IntEnum):
 
     COMPLETED = 0
     FAILED = 1  # a rank (or the launcher) failed; the launcher names the first failing rank
-    BAD_INPUT = 2  # a user error: one line, nothing written
+    BAD_INPUT = USER_ERROR_EXIT  # a user error (ConfigError): one line per mistake, nothing written
     PREEMPTED = 75  # EX_TEMPFAIL, "try again": SIGTERM made every rank checkpoint and stop
 
     @staticmethod
