@@ -82,15 +82,21 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 def pydantic_error_to_config_error(
     exc: ValidationError, model: type[BaseModel], provenance: Provenance, prefix: str = ""
 ) -> ConfigError:
-    """Every mistake pydantic found, one line each; an unknown key first (it usually explains a
-    "missing" one: a typo)."""
+    """Every mistake pydantic found, one line each; an unknown key first. A "missing" key that an
+    unknown one's did-you-mean names is the same typo, reported once."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    typos = set()
+    for error in errors:
+        if error["type"] == "extra_forbidden":
+            loc = tuple(error["loc"])
+            match = did_you_mean(str(loc[-1]), _fields_at(model, loc[:-1]))
+            if match:
+                typos.add((*loc[:-1], match.split("'")[1]))
+    errors = [e for e in errors if not (e["type"] == "missing" and tuple(e["loc"]) in typos)]
     return ConfigError.of_all(_one_error(error, model, provenance, prefix) for error in errors)
 
 
 def _one_error(error: dict[str, Any], model: type[BaseModel], provenance: Provenance, prefix: str) -> ConfigError:
-    from primus.config.secrets import is_secret_key
-
     loc = tuple(error["loc"])
     dotted = ".".join(str(p) for p in loc)
     full = f"{prefix}.{dotted}" if prefix else dotted

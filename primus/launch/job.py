@@ -16,9 +16,11 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from primus.config.errors import ConfigError, mask_secrets
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
+from primus.config.schema import PrimusOptions, validate_model
 from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, launch_workers, summarize_error
 from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
 from primus.launch.plan import LaunchPlan
@@ -50,6 +52,8 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     if require_engine:
         adapter.require_installed()
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
+    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,  # every backend's
+                   f"modules.{module.name}.primus")
     plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
                         device=host_device())
     if require_engine:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.launch.plan import LaunchPlan
+from primus.runtime.rundir import stop_after_write
 
 
 @dataclass
@@ -54,6 +55,8 @@ class StopsRaise:
 
     @staticmethod
     def _raise(signum, _frame) -> None:
+        if stop_after_write(signum):  # a run-dir file is half-written: stop right after it
+            return
         raise LauncherInterrupted(signum)
 
     def __exit__(self, *exc_info) -> None:

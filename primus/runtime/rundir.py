@@ -58,16 +58,37 @@ def _now() -> str:
     return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_writing = {"depth": 0, "pending": []}  # run-dir files being replaced, and the stops that came meanwhile
+
+
+def stop_after_write(signum: int) -> bool:
+    """For a Python signal handler that would stop the process: True when a run-dir file is being
+    replaced right now, in which case the signal is raised again as soon as the write is complete
+    (the handler should then return and do nothing)."""
+    if _writing["depth"]:
+        _writing["pending"].append(signum)
+        return True
+    return False
+
+
 @contextmanager
 def _signals_held() -> Iterator[None]:
     """Hold back TERM/INT/HUP while a file is replaced, so a stop never lands half-way; they are
-    delivered (and handled) right after."""
-    held = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    delivered (and handled) right after. The mask covers a stop with no Python handler in this
+    thread; ``stop_after_write`` covers Python handlers, which the interpreter runs in the main
+    thread whichever thread (torch starts several) the kernel delivered the signal to."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOPS))
+    _writing["depth"] += 1
     try:
         yield
     finally:
+        _writing["depth"] -= 1
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if not _writing["depth"]:
+            pending, _writing["pending"] = _writing["pending"], []
+            for signum in dict.fromkeys(pending):
+                signal.raise_signal(signum)
 
 
 def _replace_atomically(path: Path, text: str) -> None:

@@ -64,27 +64,30 @@ def test_an_attempt_whose_launcher_died_is_recorded_as_interrupted(tmp_path):
 
 
 def test_a_stop_signal_during_a_manifest_write_is_delivered_after_it(tmp_path, monkeypatch):
+    """With the launcher's own handler, and another thread for the kernel to deliver the signal
+    to (torch starts several), as in the launcher."""
+    import threading
+
+    from primus.launch.local import LauncherInterrupted, StopsRaise
+
     run_dir = RunDir(tmp_path)
     run_dir.create()
     real_write = Path.write_text
+    other = threading.Event()
+    threading.Thread(target=other.wait, daemon=True).start()
 
     def write_then_signal(self, *args, **kwargs):  # SIGTERM arrives in the middle of the write
         os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # bytecodes: a handler that was not held back runs right here
+            pass
         return real_write(self, *args, **kwargs)
 
-    class Stopped(Exception):
-        pass
-
-    def handler(*_):
-        raise Stopped
-
-    previous = signal.signal(signal.SIGTERM, handler)
     monkeypatch.setattr(Path, "write_text", write_then_signal)
     try:
-        with pytest.raises(Stopped):
+        with StopsRaise(), pytest.raises(LauncherInterrupted):
             _attempt(run_dir)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        other.set()
         monkeypatch.undo()
     assert run_dir.read_manifest(strict=True)["attempts"][-1]["status"] == "running"  # written whole
     assert run_dir.attempt == 0  # the launcher knows which attempt to close
