@@ -59,6 +59,8 @@ def parse_overrides(tokens: list[str]) -> list[tuple[str, Any, str]]:
             raise ConfigError(f"command line: '{key}' in '{token:.80}' is not a dotted key")
         if is_secret_key(key):  # the token is named in errors and --why: never with a secret's value
             token = " ".join(redact_argv(token.split(" ", 1)))
+        if len(token) > 100:  # ... and never as a wall of text
+            token = f"{token[:80]}...({len(token)} characters)"
         parsed.append((key, _value(text, token), token))
         i += 1
     return parsed
