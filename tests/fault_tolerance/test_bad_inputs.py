@@ -1,4 +1,6 @@
-"""The bad-input corpus: every broken experiment, preset, command line, environment value or run
+"""Bad input is one line, exit 2, nothing written.
+
+The bad-input corpus: every broken experiment, preset, command line, environment value or run
 directory exits 2 with ONE line naming the file:line or dotted key (did-you-mean where it
 applies), no traceback, never echoing a secret, and writes nothing into an existing run directory."""
 from __future__ import annotations

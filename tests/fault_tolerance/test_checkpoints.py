@@ -1,4 +1,6 @@
-"""A damaged newest checkpoint: verified before resuming, skipped with a warning naming the bad
+"""Resuming verifies the checkpoint first.
+
+A damaged newest checkpoint: verified before resuming, skipped with a warning naming the bad
 file (and moved aside, never deleted), or refused (exit 2) when no checkpoint is usable.
 
 Unit tests use real ``torch.distributed.checkpoint`` directories in both layouts (TorchTitan

@@ -1,6 +1,8 @@
-"""Property-based: whatever a user (or an attacker) puts in a YAML file, an override token or an
-environment variable, the loader, the interpolation and the override parser end in a value or one
-``ConfigError`` (exit 2): never another exception, never a traceback, each within a time bound.
+"""Whatever a YAML file, an override token or an environment variable holds, the loader, the
+interpolation and the override parser end in a value or one error line (exit 0 or 2), never a
+traceback, within a time bound.
+
+Property-based (hypothesis): drawn almost-YAML text, bytes, documents, tokens and values.
 
 Examples are few and small (the suite's added time stays a few seconds); hypothesis keeps no
 database here, so every run draws afresh.

@@ -1,4 +1,4 @@
-"""The run directory's bookkeeping under faults, and the launch story's structure.
+"""The run dir's bookkeeping survives faults. Launcher failures are one line.
 
 - a damaged manifest is refused with a clear line and a backup copy of the last good one;
 - an attempt whose launcher died is recorded as interrupted; a stop signal never lands

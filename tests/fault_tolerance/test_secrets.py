@@ -1,5 +1,8 @@
-"""Planted secrets never appear in logs, configs, manifests, dry-run output or preflight reports,
-and a literal secret still reaches every worker intact."""
+"""Secrets reach the workers intact and appear nowhere else.
+
+Planted secrets never appear in logs, configs, manifests, dry-run output or preflight reports.
+A planted literal token appears in no file of the run dir, no dry-run output, no error line; the
+workers still receive it."""
 import json
 
 import pytest
