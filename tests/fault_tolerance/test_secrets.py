@@ -93,3 +93,24 @@ def test_a_literal_secret_reaches_the_workers_and_nothing_else(run_primus, works
         manifest["attempts"][-1]["command"]
     received = {p.name: p.read_text() for p in probe.iterdir()}
     assert received == {f"rank{r}": hashlib.sha256(CLI_LITERAL.encode()).hexdigest() for r in (0, 1)}
+
+
+def test_a_secret_handed_to_another_node_is_saved_by_reference(monkeypatch):
+    """Slurm tasks and containers get ``primus.hf_token=${PRIMUS_SECRET_...}`` and the value by name;
+    the node's own launcher then saves the reference, and its workers read the value back."""
+    from primus.config.resolve import resolve_experiment
+    from primus.config.secrets import redact_argv, restore_secrets, secure_overrides
+    from primus.runtime.registry import backend_defaults
+
+    tokens, env = secure_overrides(["training.steps=2", "--primus.hf_token", CLI_LITERAL])
+    assert tokens == ["training.steps=2", "--primus.hf_token", "${PRIMUS_SECRET_PRIMUS_HF_TOKEN}"]
+    assert env == {"PRIMUS_SECRET_PRIMUS_HF_TOKEN": CLI_LITERAL}
+    monkeypatch.setenv("PRIMUS_SECRET_PRIMUS_HF_TOKEN", CLI_LITERAL)
+    tree, new_env = resolve_experiment(TINY_EXAMPLE, tokens, backend_defaults).saved_tree()
+    assert new_env == {}  # nothing literal left to hand on
+    assert tree["modules"]["pre_trainer"]["params"]["primus"]["hf_token"] == "${PRIMUS_SECRET_PRIMUS_HF_TOKEN}"
+    assert restore_secrets(tree)["modules"]["pre_trainer"]["params"]["primus"]["hf_token"] == CLI_LITERAL
+    assert redact_argv(["primus", "train", "x.yaml", "--primus.hf_token", CLI_LITERAL, f"a.api_key={CLI_LITERAL}",
+                        "primus.hf_token=${HF_TOKEN}"]) == [
+        "primus", "train", "x.yaml", "--primus.hf_token", "<redacted>", "a.api_key=<redacted>",
+        "primus.hf_token=${HF_TOKEN}"]
