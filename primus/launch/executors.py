@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ class NodeRequest:
         """This request with every literal secret override turned into a ``${PRIMUS_SECRET_*}``
         reference, and the variables to pass by name (scripts and command lines never hold a secret)."""
         overrides, env = secure_overrides(self.overrides)
-        return NodeRequest(self.command, self.positional, overrides, self.passthrough, self.launcher_config), env
+        return replace(self, overrides=overrides), env
 
 
 CLI_KEYS = {  # argparse dest -> launcher key
