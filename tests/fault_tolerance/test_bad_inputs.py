@@ -27,6 +27,9 @@ MERGE_BOMB = "m0: &m0 {" + ", ".join(f"k{i}: 1" for i in range(10)) + "}\n" + ""
     f"m{i + 1}: &m{i + 1} {{<<: [{', '.join([f'*m{i}'] * 10)}]}}\n" for i in range(8))
 DEEP_BLOCK = GOOD + "".join("  " * i + f"k{i}:\n" for i in range(400)) + "  " * 400 + "leaf: 1\n"
 HUGE = "9" * 5000
+END = GOOD.count("\n") + 1  # the line of text appended to GOOD
+STEPS = next(i for i, line in enumerate(GOOD.splitlines(), 1) if "steps: 20" in line)
+DEBUG = next(i for i, line in enumerate(GOOD.splitlines(), 1) if "debug: {seed: 42}" in line)
 
 # (id, files to write into the case dir {name: text}, argv (EXP = the case's exp.yaml), expected fragment)
 CASES = [
@@ -92,17 +95,17 @@ CASES = [
     ("yaml-merge-key-bomb", {"exp.yaml": GOOD + MERGE_BOMB}, ["config", "validate", "EXP"], "merge keys (<<) expand to more than"),
     ("yaml-deep-block", {"exp.yaml": DEEP_BLOCK}, ["config", "validate", "EXP"], "nested more than 64 levels deep"),
     ("yaml-deep-flow", {"exp.yaml": GOOD + "x: " + "[" * 3000 + "]" * 3000 + "\n"}, ["config", "validate", "EXP"], "nested more than 64 levels deep"),
-    ("yaml-latin1-in-comment", {"exp.yaml": (GOOD + "# caf\xe9\n").encode("latin-1")}, ["config", "validate", "EXP"], "exp.yaml:20: not UTF-8 text (byte 0xe9)"),
+    ("yaml-latin1-in-comment", {"exp.yaml": (GOOD + "# caf\xe9\n").encode("latin-1")}, ["config", "validate", "EXP"], f"exp.yaml:{END}: not UTF-8 text (byte 0xe9)"),
     ("yaml-utf16", {"exp.yaml": GOOD.encode("utf-16")}, ["config", "validate", "EXP"], "exp.yaml: the file is UTF-16 text; save it as UTF-8"),
-    ("yaml-control-byte", {"exp.yaml": GOOD.replace("debug: {seed: 42}", "debug: {seed: 42\x07}")}, ["config", "validate", "EXP"], "exp.yaml:19: invalid YAML: unacceptable character #x0007"),
-    ("yaml-nul-in-comment", {"exp.yaml": GOOD + "# \x00\n"}, ["config", "validate", "EXP"], "exp.yaml:20: invalid YAML: unacceptable character #x0000"),
+    ("yaml-control-byte", {"exp.yaml": GOOD.replace("debug: {seed: 42}", "debug: {seed: 42\x07}")}, ["config", "validate", "EXP"], f"exp.yaml:{DEBUG}: invalid YAML: unacceptable character #x0007"),
+    ("yaml-nul-in-comment", {"exp.yaml": GOOD + "# \x00\n"}, ["config", "validate", "EXP"], f"exp.yaml:{END}: invalid YAML: unacceptable character #x0000"),
     ("yaml-huge-int", {"exp.yaml": GOOD.replace("steps: 20", f"steps: {HUGE}")}, ["config", "validate", "EXP"], "exp.yaml: an integer of thousands of digits is out of range"),
-    ("yaml-int-beyond-64-bit", {"exp.yaml": GOOD.replace("steps: 20", "steps: " + "9" * 30)}, ["config", "validate", "EXP"], "exp.yaml:14: an integer of 30 digits is out of range"),
+    ("yaml-int-beyond-64-bit", {"exp.yaml": GOOD.replace("steps: 20", "steps: " + "9" * 30)}, ["config", "validate", "EXP"], f"exp.yaml:{STEPS}: an integer of 30 digits is out of range"),
     ("yaml-not-plain-data", {"exp.yaml": GOOD + "extra: !!binary aGVsbG8=\n"}, ["config", "validate", "EXP"], "the YAML tag tag:yaml.org,2002:binary is not plain data"),
     ("yaml-list-as-key", {"exp.yaml": GOOD + "? [a, b]\n: 1\n"}, ["config", "validate", "EXP"], "keys must be strings, got a list"),
-    ("yaml-long-key", {"exp.yaml": GOOD + "k" * 300 + ": 1\n"}, ["config", "validate", "EXP"], "exp.yaml:20: a key of 300 characters is too long"),
-    ("env-huge-int", {"exp.yaml": GOOD.replace("steps: 20", "steps: '${PRIMUS_T_HUGE}'")}, ["config", "validate", "EXP", f"ENV:PRIMUS_T_HUGE={HUGE}"], "exp.yaml:14: an integer of thousands of digits is out of range"),
-    ("env-int-beyond-64-bit", {"exp.yaml": GOOD.replace("steps: 20", "steps: '${PRIMUS_T_HUGE}'")}, ["config", "validate", "EXP", "ENV:PRIMUS_T_HUGE=" + "9" * 25], "exp.yaml:14: an integer of 25 digits is out of range"),
+    ("yaml-long-key", {"exp.yaml": GOOD + "k" * 300 + ": 1\n"}, ["config", "validate", "EXP"], f"exp.yaml:{END}: a key of 300 characters is too long"),
+    ("env-huge-int", {"exp.yaml": GOOD.replace("steps: 20", "steps: '${PRIMUS_T_HUGE}'")}, ["config", "validate", "EXP", f"ENV:PRIMUS_T_HUGE={HUGE}"], f"exp.yaml:{STEPS}: an integer of thousands of digits is out of range"),
+    ("env-int-beyond-64-bit", {"exp.yaml": GOOD.replace("steps: 20", "steps: '${PRIMUS_T_HUGE}'")}, ["config", "validate", "EXP", "ENV:PRIMUS_T_HUGE=" + "9" * 25], f"exp.yaml:{STEPS}: an integer of 25 digits is out of range"),
     ("override-huge-int", {"exp.yaml": GOOD}, ["config", "validate", "EXP", f"training.steps={HUGE}"], "an integer of thousands of digits is out of range"),
     ("override-int-beyond-64-bit", {"exp.yaml": GOOD}, ["config", "validate", "EXP", "training.steps=" + "9" * 20], "an integer of 20 digits is out of range"),
     ("override-deep-value", {"exp.yaml": GOOD}, ["config", "validate", "EXP", "training.steps=" + "[" * 2000 + "]" * 2000], "nested more than 64 levels deep"),
@@ -124,7 +127,7 @@ CASES = [
     ("resume-validates-first", {"exp.yaml": GOOD, "precious/manifest.json": '{"status": "completed", "start_time": "earlier"}'}, ["train", "EXP", "--resume", "primus.peak_tflops=-1"], "primus.peak_tflops=-1"),
     # --- secrets are never echoed --------------------------------------------------------------
     ("secret-wrong-type-not-echoed", {"exp.yaml": GOOD}, ["config", "validate", "EXP", f"primus.hf_token=[{PLANTED}]"], "primus.hf_token=<redacted>: Input should be a valid string"),
-    ("secret-in-file-not-echoed", {"exp.yaml": GOOD.replace("      training:", f"        hf_token: {{a: {PLANTED}}}\n      training:")}, ["config", "validate", "EXP"], "exp.yaml:14: modules.pre_trainer.primus.hf_token=<redacted>"),
+    ("secret-in-file-not-echoed", {"exp.yaml": GOOD.replace("      training:", f"        hf_token: {{a: {PLANTED}}}\n      training:")}, ["config", "validate", "EXP"], f"exp.yaml:{STEPS}: modules.pre_trainer.primus.hf_token=<redacted>"),
     ("secret-bad-yaml-not-echoed", {"exp.yaml": GOOD}, ["config", "validate", "EXP", f"primus.hf_token=[{PLANTED}"], "cannot parse the value in 'primus.hf_token=<redacted>'"),
     # --- the run directory ---------------------------------------------------------------------
     ("manifest-truncated", {"exp.yaml": GOOD, "precious/manifest.json": '{"status": "compl'}, ["train", "EXP"], "manifest.json: damaged (JSONDecodeError"),
