@@ -23,7 +23,9 @@ def run_dir_of(workspace: Path, exp_name: str, work_group: str = "amd", user_nam
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The metrics.jsonl records of a run, oldest first ([] when none was written)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    from primus.runtime.rundir import RunDir
+
+    path = RunDir(run_dir).metrics
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -34,17 +36,15 @@ def losses(run_dir: Path) -> list[float]:
 def write_run(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
               module: str = "pre_trainer", resume: bool = False) -> Path:
     """A run dir holding ``config.resolved.yaml`` for one module and the worker's payload; returns the payload."""
-    from primus.runtime.rundir import write_resolved_config
+    from primus.runtime.rundir import RunDir
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tree = {"work_group": "test", "user_name": "test", "exp_name": run_dir.name, "workspace": str(run_dir.parent),
             "modules": {module: {"framework": framework, "stage": stage, "config": None, "model": None,
                                  "params": params}}}
-    write_resolved_config(run_dir, tree)
-    payload = run_dir / "launch.json"
-    payload.write_text(json.dumps({"run_dir": str(run_dir), "module": module, "resume": resume}))
-    return payload
+    RunDir(run_dir).write_config(tree)
+    return RunDir(run_dir).write_payload(module=module, resume=resume, attempt="test")
 
 
 def train_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",

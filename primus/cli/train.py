@@ -69,9 +69,9 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.config.resolve import resolve_experiment
     from primus.launch import executors
     from primus.launch.job import plan_module, run_training_job, select_module
-    from primus.launch.multinode import plan_from_config
+    from primus.launch.plan import plan_from_config
     from primus.runtime.registry import backend_defaults
-    from primus.runtime.rundir import decide_resume, run_dir_of
+    from primus.runtime.rundir import RunDir
 
     overrides, sbatch_extra = executors.split_passthrough(extras, sys.argv[1:])
     config, _ = executors.launcher_from_args(args)
@@ -88,16 +88,16 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
                    *({"always": ["--resume"], "never": ["--no-resume"]}.get(args.resume, []))]
     request = executors.NodeRequest("train", [str(Path(args.exp).absolute())], overrides, passthrough,
                                     args.launcher_config)
-    run_dir = run_dir_of(resolved.spec)
+    run_dir = RunDir.of(resolved.spec)
     if executor == "container":
-        return executors.run_container(request, config, workspace=run_dir.parents[2], dry_run=args.dry_run,
+        return executors.run_container(request, config, workspace=run_dir.path.parents[2], dry_run=args.dry_run,
                                        name=f"primus-{resolved.spec.exp_name}-{config.node_rank or 0}")
     if not config.wraps_container:  # fail before queueing: the engine must accept every key
         nproc = config.nproc_per_node or config.slurm.gpus_per_node or 1
         plan_module(resolved, module, nproc * (config.nnodes or 1))
     if not args.dry_run:
-        decide_resume(run_dir, args.resume)  # refuse a completed run now, not after the queue wait
+        run_dir.decide_resume(args.resume)  # refuse a completed run now, not after the queue wait
     if executor == "srun":
         return executors.run_srun(request, config, dry_run=args.dry_run)
-    return executors.run_slurm(request, config, run_dir=run_dir, exp_name=resolved.spec.exp_name,
+    return executors.run_slurm(request, config, run_dir=run_dir.path, exp_name=resolved.spec.exp_name,
                                extra_sbatch=sbatch_extra, dry_run=args.dry_run)

@@ -1,4 +1,6 @@
-"""User-facing configuration errors: one line per mistake, exit status 2, never a traceback.
+"""User-facing configuration errors: one line per mistake, never echoing a secret,
+exit status 2 (``USER_ERROR_EXIT``, which ``primus.runtime.rundir.ExitCode`` lists with the others),
+never a traceback.
 
 Every check that finds a user mistake raises ``ConfigError``; one that can find several at once
 (a schema, a section of engine keys) raises ``ConfigError.of_all`` so the user sees every mistake
@@ -8,6 +10,23 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+
+
+_SECRET_VALUES: set[str] = set()  # values of secret keys met so far (primus.config.secrets.remember_secrets)
+_MASK = "<redacted>"
+
+
+def remember_secret(value: str) -> None:
+    if len(value) >= 4:  # shorter ones would mask ordinary text
+        _SECRET_VALUES.add(value)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with every secret value seen in this process masked."""
+    for value in sorted(_SECRET_VALUES, key=len, reverse=True):
+        text = text.replace(value, _MASK)
+    return text
+
 
 USER_ERROR_EXIT = 2
 MAX_REPORTED = 20
@@ -19,7 +38,7 @@ class ConfigError(Exception):
     exit_code = USER_ERROR_EXIT
 
     def __init__(self, message: str, *, key: str | None = None):
-        super().__init__(" ".join(str(message).split()))
+        super().__init__(mask_secrets(" ".join(str(message).split())))
         self.key = key  # the dotted key at fault, when there is one
         self.errors: list[ConfigError] = [self]
 

@@ -20,7 +20,7 @@ from primus.config.overrides import overrides_layer, parse_overrides
 from primus.config.presets import CONFIGS_ROOT, find_preset, load_with_extends
 from primus.config.provenance import Provenance, Source, merge_layer
 from primus.config.schema import ExperimentSpec, ModuleSpec, validate_model
-from primus.config.secrets import redact_tree
+from primus.config.secrets import REDACTED, externalize_secrets, is_secret_key, redact_tree, remember_secrets
 from primus.config.yaml_source import Layer
 
 DefaultsFn = Callable[[str, str, str, str], dict[str, Any]]  # (framework, stage, where, where) -> defaults
@@ -53,7 +53,8 @@ class ResolvedExperiment:
         }
         return head
 
-    def redacted_tree(self) -> dict[str, Any]:
+    def _templates(self) -> dict[str, str]:
+        """``${VAR}`` templates keyed as in ``tree()``."""
         templates = {}
         for key, raw in self.provenance.templates.items():
             # provenance keys for params are modules.<m>.<path>; the saved tree nests them under params
@@ -61,7 +62,16 @@ class ResolvedExperiment:
             if parts[0] == "modules" and len(parts) > 2 and parts[2] not in ModuleSpec.model_fields:
                 key = ".".join([*parts[:2], "params", *parts[2:]])
             templates[key] = raw
-        return redact_tree(self.tree(), templates)
+        return templates
+
+    def redacted_tree(self) -> dict[str, Any]:
+        """For display: secrets as their ``${VAR}`` reference, or ``<redacted>``."""
+        return redact_tree(self.tree(), self._templates())
+
+    def saved_tree(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """For ``config.resolved.yaml``: every secret as a ``${VAR}`` reference, and the variables
+        the launcher sets so that its workers read the literal secrets back."""
+        return externalize_secrets(self.tree(), self._templates())
 
 
 _EXPERIMENT_KEYS = set(ExperimentSpec.model_fields)
@@ -118,6 +128,8 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
                        backend_defaults: DefaultsFn | None = None) -> ResolvedExperiment:
     """Read, interpolate, extend, merge and schema-check an experiment (no engine imports)."""
     source = Path(path)
+    if source.is_dir():
+        raise ConfigError(f"{path}: is a directory, not an experiment file")
     if not source.is_file():
         raise ConfigError(f"{path}: experiment file not found")
     provenance = Provenance()
@@ -130,6 +142,7 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     experiment_items, param_items = _route(items, module_names)
     if experiment_items:
         merge_layer(experiment, overrides_layer(experiment_items), provenance)
+    remember_secrets(experiment)  # from here on, errors mask them
     spec: ExperimentSpec = validate_model(ExperimentSpec, experiment, provenance)
 
     modules: dict[str, ResolvedModule] = {}
@@ -147,6 +160,7 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
         merge_layer(params, _overrides_as_layer(name, module, provenance), provenance, prefix=prefix)
         if param_items.get(name):
             merge_layer(params, overrides_layer(param_items[name]), provenance, prefix=prefix)
+        remember_secrets(params)
         modules[name] = ResolvedModule(name, module.framework, module.stage, module.config, module.model, params)
     return ResolvedExperiment(source=source, spec=spec, modules=modules, provenance=provenance)
 
@@ -162,9 +176,11 @@ def format_why(resolved: ResolvedExperiment, key: str) -> str:
         if not chain:
             continue
         lines.append(f"{candidate}:")
+        secret = is_secret_key(candidate)
         for i, src in enumerate(chain):
             marker = "=>" if i == len(chain) - 1 else "  "
-            lines.append(f"  {marker} {src.value!r:<24} from {src.label} ({src.where})")
+            value = REDACTED if secret and src.value not in (None, "{...}") else repr(src.value)
+            lines.append(f"  {marker} {value:<24} from {src.label} ({src.where})")
     if not lines:
         raise ConfigError(f"--why {key}: no such key in the resolved config")
     return "\n".join(lines)

@@ -1,20 +1,31 @@
-"""The Primus-level experiment schema (pydantic), and pydantic errors as one-line messages."""
+"""The Primus-level experiment schema (pydantic), and pydantic errors as one-line messages.
+
+Every numeric key has a range, and names that become directories cannot leave the workspace.
+An error never echoes a secret's value, and echoes at most a short prefix of any other.
+"""
 from __future__ import annotations
 
-from typing import Any, get_args, get_origin
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from primus.config.errors import ConfigError, did_you_mean
 from primus.config.provenance import Provenance
+from primus.config.secrets import REDACTED, is_secret_key
 
-_PATH_SAFE = r"^[A-Za-z0-9_.@+\-]+$"
+# one directory level of letters, digits and _.@+-, not starting with "." (so never "." or "..",
+# which would put the run outside the workspace)
+_PATH_SAFE = r"^[A-Za-z0-9_@+\-][A-Za-z0-9_.@+\-]{0,127}$"
+MAX_RANKS = 1 << 20  # far above any job; bounds rank lists
+MAX_PEAK_TFLOPS = 1e6  # 1 EFLOP/s per device: a typo beyond it, not a device
+_ECHO_CHARS = 80
 
 
 class LoggingSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    console_ranks: list[int] = Field(default_factory=lambda: [0], description="ranks that print INFO")
+    console_ranks: list[Annotated[int, Field(ge=0, lt=MAX_RANKS)]] = Field(
+        default_factory=lambda: [0], max_length=4096, description="ranks that print INFO")
     level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="console level")
 
 
@@ -34,7 +45,8 @@ class PrimusOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tiny_assets: str | None = Field(None, description="build the tiny tokenizer/corpus here and train on it")
-    peak_tflops: float | None = Field(None, gt=0, description="device peak for MFU (overrides the table)")
+    peak_tflops: float | None = Field(None, gt=0, le=MAX_PEAK_TFLOPS, allow_inf_nan=False,
+                                      description="device peak for MFU (overrides the table)")
     peak_dtype: str = Field("bf16", pattern=r"^(bf16|fp32)$", description="which peak of the table to use")
     tensorboard: bool = True
     hf_token: str | None = Field(None, description="exported as HF_TOKEN to the workers; never saved")
@@ -70,8 +82,8 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 def pydantic_error_to_config_error(
     exc: ValidationError, model: type[BaseModel], provenance: Provenance, prefix: str = ""
 ) -> ConfigError:
-    """Every mistake pydantic found, one line each; an unknown key first (it usually explains a
-    "missing" one: a typo)."""
+    """Every mistake pydantic found, one line each; an unknown key first. A "missing" key that an
+    unknown one's did-you-mean names is the same typo, reported once."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     meant = set()  # a key that is "missing" because of a typo is the same mistake: said once
     for error in errors:
@@ -85,8 +97,6 @@ def pydantic_error_to_config_error(
 
 
 def _one_error(error: dict[str, Any], model: type[BaseModel], provenance: Provenance, prefix: str) -> ConfigError:
-    from primus.config.secrets import is_secret_key
-
     loc = tuple(error["loc"])
     dotted = ".".join(str(p) for p in loc)
     full = f"{prefix}.{dotted}" if prefix else dotted
@@ -96,8 +106,19 @@ def _one_error(error: dict[str, Any], model: type[BaseModel], provenance: Proven
         return ConfigError(f"{where}: unknown key '{full}'{hint}", key=full)
     if error["type"] == "missing":
         return ConfigError(f"{where}: missing required key '{full}'", key=full)
-    value = "<redacted>" if any(is_secret_key(str(part)) for part in loc) else repr(error.get("input"))
-    return ConfigError(f"{where}: {full}={value}: {error['msg']}", key=full)
+    if error["type"] == "string_pattern_mismatch" and loc[-1] in ("work_group", "user_name", "exp_name"):
+        msg = "must be one directory name of letters, digits and _.@+-, not starting with '.', at most 128 characters"
+    else:
+        msg = error["msg"]
+    return ConfigError(f"{where}: {full}={_echo(full, error.get('input'))}: {msg}", key=full)
+
+
+def _echo(dotted: str, value: Any) -> str:
+    """The offending value as the error shows it: never a secret, never a wall of text."""
+    if any(is_secret_key(part) for part in dotted.split(".")):
+        return REDACTED
+    text = repr(value)
+    return text if len(text) <= _ECHO_CHARS else f"{text[:_ECHO_CHARS]}... ({len(text)} characters)"
 
 
 def validate_model(model: type[BaseModel], data: dict[str, Any], provenance: Provenance, prefix: str = ""):

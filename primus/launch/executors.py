@@ -18,11 +18,12 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from primus.config.errors import ConfigError
+from primus.config.secrets import secure_overrides
 from primus.launch.config import LauncherConfig, first_slurm_host, load_launcher_config
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -37,6 +38,12 @@ class NodeRequest:
     overrides: list[str]
     passthrough: list[str] = field(default_factory=list)  # command-specific flags (--module, --resume, ...)
     launcher_config: str | None = None
+
+    def secured(self) -> tuple["NodeRequest", dict[str, str]]:
+        """This request with every literal secret override turned into a ``${PRIMUS_SECRET_*}``
+        reference, and the variables to pass by name (scripts and command lines never hold a secret)."""
+        overrides, env = secure_overrides(self.overrides)
+        return replace(self, overrides=overrides), env
 
 
 CLI_KEYS = {  # argparse dest -> launcher key
@@ -118,10 +125,11 @@ def run_container(request: NodeRequest, config: LauncherConfig, *, workspace: Pa
                   name: str | None = None) -> int:
     from primus.launch.container import build_container_command, mounts_for
 
+    request, secret_env = request.secured()
     nnodes = config.nnodes or 1
     inner = node_command(request, config, "multi-node" if nnodes > 1 else "local", with_node_identity=True,
                          python=config.container.python, launcher_file=False)
-    command = build_container_command(config.container, inner, explicit_env={}, workspace=workspace, name=name,
+    command = build_container_command(config.container, inner, explicit_env=secret_env, workspace=workspace, name=name,
                                       dry_run=dry_run)
     for notice in command.notices:
         print(f"[primus] container: {notice}", file=sys.stderr if not dry_run else sys.stdout, flush=True)
@@ -131,13 +139,14 @@ def run_container(request: NodeRequest, config: LauncherConfig, *, workspace: Pa
     for source, _, _ in mounts_for(workspace, config.container, dict(os.environ), Path.cwd()):
         Path(source).mkdir(parents=True, exist_ok=True)  # workspace and cache: the engine would make them root-only
     print(f"[primus] running in {command.engine}: {config.container.image}", flush=True)
-    return run_forwarding(command.argv, {**os.environ, **command.env})
+    return run_forwarding(command.argv, {**os.environ, **secret_env, **command.env})  # docker -e NAME reads it here
 
 
 def run_slurm(request: NodeRequest, config: LauncherConfig, *, run_dir: Path, exp_name: str,
               extra_sbatch: list[str], dry_run: bool) -> int:
     from primus.launch import slurm
 
+    request, secret_env = request.secured()  # sbatch hands its environment to the job (--export=ALL)
     nodes = config.nnodes or 1
     port = config.master_port or 29500
     mode = slurm.container_mode(config)
@@ -161,7 +170,8 @@ def run_slurm(request: NodeRequest, config: LauncherConfig, *, run_dir: Path, ex
         print(script, end="")
         return 0
     log_dir.mkdir(parents=True, exist_ok=True)
-    job_id = slurm.submit(script, log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sbatch")
+    job_id = slurm.submit(script, log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sbatch",
+                          env={**os.environ, **secret_env})
     print(f"[primus] submitted Slurm job {job_id}: {nodes} node(s), {request.command} {exp_name}", flush=True)
     print(f"[primus] slurm logs: {log_dir}/{job_id}.out and {log_dir}/{job_id}.err", flush=True)
     print(f"[primus] run dir: {run_dir}  (cancel: scancel {job_id}; status: squeue -j {job_id})", flush=True)
@@ -172,7 +182,8 @@ def run_srun(request: NodeRequest, config: LauncherConfig, *, dry_run: bool) -> 
     """Inside an existing allocation (salloc, or a batch script): one task per node."""
     from primus.launch import slurm
 
-    env = dict(os.environ)
+    request, secret_env = request.secured()
+    env = {**os.environ, **secret_env}
     if not env.get("SLURM_JOB_ID"):
         raise ConfigError("--srun: not inside a Slurm allocation (no SLURM_JOB_ID); use --slurm to submit a job")
     nodes = config.nnodes or slurm.allocation_nodes(env) or 1

@@ -1,24 +1,38 @@
-"""A training job from the launching process' side: claim the run dir, save, launch, record."""
+"""A training job, as each node's launcher runs it. One story for node 0 and the others:
+
+1. validate everything (nothing is written before this passes);
+2. claim the run directory: node 0 locks it, applies the resume policy, prepares, writes the
+   resolved config and the payload, and opens an attempt in the manifest; a node > 0 waits for
+   node 0's payload of this attempt (shared filesystem) or writes its own copy;
+3. launch this node's workers, watching the peers of a multi-node job;
+4. record the end (node 0) and report: one ``[primus] FAILED`` line per failure, then one status line.
+"""
 from __future__ import annotations
 
-import json
+import os
 import shutil
 import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from primus.config.errors import ConfigError
+from primus.config.errors import ConfigError, mask_secrets
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
-from primus.launch.local import LaunchPlan, launch_workers
-from primus.launch.multinode import PeerWatch, is_follower, run_follower_node
+from primus.config.schema import PrimusOptions, validate_model
+from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, launch_workers, summarize_error
+from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
+from primus.launch.plan import LaunchPlan
 from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
+from primus.runtime.checkpoints import newest_usable
 from primus.runtime.context import host_device
-from primus.runtime.train import hand_over_plan
 from primus.runtime.registry import get_adapter
-from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER
-from primus.runtime.rundir import (RunDirLock, decide_resume, finish_manifest, make_run_dir, run_dir_of,
-                                   start_manifest, write_resolved_config)
+from primus.runtime.rundir import INTERRUPTED, ExitCode, RunDir
+from primus.runtime.train import hand_over_plan
 
 TRAIN_TARGET = "primus.runtime.train:train_worker"
+DISK_FULL_BYTES = 16 * 2**20
 
 
 def select_module(resolved: ResolvedExperiment, name: str | None) -> ResolvedModule:
@@ -38,6 +52,8 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     if require_engine:
         adapter.require_installed()
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
+    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,  # every backend's
+                   f"modules.{module.name}.primus")
     plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
                         device=host_device())
     if require_engine:
@@ -47,65 +63,173 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     return adapter, plan
 
 
+@dataclass
+class Job:
+    """What one node's launcher works with, validated."""
+
+    resolved: ResolvedExperiment
+    module: ResolvedModule
+    adapter: BackendAdapter
+    engine_plan: EnginePlan  # built once here; workers rebuild it from config.resolved.yaml
+    plan: LaunchPlan
+    run_dir: RunDir
+    argv: list[str]
+    outcome: LaunchResult = field(default_factory=lambda: LaunchResult(ExitCode.FAILED, ["launcher interrupted"]))
+    saved_tree: dict = field(init=False)  # config.resolved.yaml: every secret a ${VAR} reference
+    secret_env: dict[str, str] = field(init=False)  # the variables those references name, for the workers
+
+    def __post_init__(self) -> None:
+        self.saved_tree, self.secret_env = self.resolved.saved_tree()
+
+    @property
+    def who(self) -> str:
+        """'' on node 0, 'node N ' on the others (the prefix of their status lines)."""
+        return "" if self.plan.is_node_zero else f"node {self.plan.node_rank} "
+
+
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: str, dry_run: bool, argv: list[str]) -> int:
-    run_dir = run_dir_of(resolved.spec)
-    adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir)
-    plan.with_port()
-    payload_path = run_dir / "launch.json"
+    run_dir = RunDir.of(resolved.spec)
+    adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path)
+    job = Job(resolved, module, adapter, engine_plan, plan.with_port(), run_dir, argv)
     if dry_run:
-        print(f"experiment: {resolved.spec.exp_name} ({module.framework} {adapter.installed_version()}, "
-              f"stage {module.stage}, module {module.name})")
-        print(f"run dir:    {run_dir}")
-        print(f"processes:  {plan.world_size} ({plan.nnodes} node(s) x {plan.nproc_per_node})")
-        print(f"command:    {plan.describe(TRAIN_TARGET, payload_path)}")
-        return 0
-    if is_follower(plan):  # multi-node: node 0 owns the run dir (primus/launch/multinode.py)
-        return run_follower_node(resolved, module, adapter, engine_plan, plan, run_dir, resume)
-    make_run_dir(run_dir)
-    with RunDirLock(run_dir):
-        resuming = decide_resume(run_dir, resume)
-        adapter.prepare(engine_plan, lambda message: print(f"[primus] {message}", flush=True))
-        config_hash = write_resolved_config(run_dir, resolved.redacted_tree())
-        payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming,
-                                            "attempt": plan.rdzv_id}))
-        (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
-        manifest = start_manifest(run_dir, engine=module.framework, engine_version=adapter.installed_version(),
-                                  world_size=plan.world_size, config_hash=config_hash, argv=argv)
-        print(f"[primus] {'resuming' if resuming else 'starting'} {resolved.spec.exp_name} -> {run_dir}", flush=True)
-        exit_code, failures = 1, ["launcher interrupted"]
-        try:
-            with PeerWatch(run_dir, plan) as peers:  # multi-node: name a lost peer on failure
-                if plan.in_process:  # the worker runs in this process: it takes this plan, not a rebuilt one
-                    hand_over_plan(run_dir, module.name, engine_plan)
-                result = launch_workers(TRAIN_TARGET, payload_path, plan)
-                lost = peers.lost_peers() if result.exit_code != 0 else []
-            exit_code, failures = result.exit_code, lost + result.failures
-            if exit_code != 0 and (run_dir / PREEMPTED_MARKER).exists():
-                exit_code, failures = PREEMPTED_EXIT, []
-        finally:
-            _record_end(run_dir, manifest, exit_code, plan.node_rank == 0)
-    for line in failures:
-        print(f"[primus] FAILED {line} (see {run_dir / 'logs' / module.name}/rank-*/error.log)", file=sys.stderr)
-    if exit_code not in (0, PREEMPTED_EXIT) and shutil.disk_usage(run_dir).free < 16 * 2**20:
-        print(f"[primus] the disk holding {run_dir} is full ({shutil.disk_usage(run_dir).free} bytes free): "
-              "free space, then run the same command to resume from the last complete checkpoint", file=sys.stderr)
-    if exit_code == PREEMPTED_EXIT:
-        print(f"[primus] preempted: checkpoint saved; run the same command again to resume ({run_dir})", flush=True)
+        _print_dry_run(job)
+        return ExitCode.COMPLETED
+    os.environ.update(job.secret_env)  # literal secrets reach the workers by environment, nowhere else
+    claim = _claim_as_node_zero if plan.is_node_zero else _join_as_other_node
+    try:
+        with StopsRaise() as stops, claim(job, resume):
+            job.outcome = _launch(job, stops)
+    except LauncherInterrupted as stop:
+        job.outcome = LaunchResult(128 + stop.signum, [f"{stop} before its workers ended; run the same command to "
+                                                       "resume"])
+    except LeaderMissing as missing:
+        job.outcome = LaunchResult(ExitCode.FAILED, [str(missing)])
+    except ConfigError:
+        raise
+    except Exception as exc:  # the launcher's own failure (a full disk, torchrun): one line, traceback in a file
+        job.outcome = LaunchResult(ExitCode.FAILED, [_launcher_error(job, exc)])
+    return _report(job)
+
+
+def _print_dry_run(job: Job) -> None:
+    module = job.module
+    print(f"experiment: {job.resolved.spec.exp_name} ({module.framework} {job.adapter.installed_version()}, "
+          f"stage {module.stage}, module {module.name})")
+    print(f"run dir:    {job.run_dir}")
+    print(f"processes:  {job.plan.world_size} ({job.plan.nnodes} node(s) x {job.plan.nproc_per_node})")
+    print(f"command:    {job.plan.describe(TRAIN_TARGET, job.run_dir.payload)}")
+
+
+def _say(message: str) -> None:
+    print(f"[primus] {message}", flush=True)
+
+
+def _prepare_and_save(job: Job, resuming: bool) -> str:
+    """Build what the run needs before any rank starts, then write what the workers read."""
+    job.adapter.prepare(job.engine_plan, _say)
+    config_hash = job.run_dir.write_config(job.saved_tree)
+    job.run_dir.write_payload(module=job.module.name, resume=resuming, attempt=job.plan.rdzv_id)
+    return config_hash
+
+
+@contextmanager
+def _claim_as_node_zero(job: Job, resume: str) -> Iterator[None]:
+    """Own the run dir for the launch: lock, resume policy, config, payload and a manifest attempt
+    whose end is recorded however the launch ends (an interruption included)."""
+    run_dir = job.run_dir
+    if run_dir.path.is_dir() and run_dir.decide_resume(resume):  # refuse before writing even the lock file
+        newest_usable(run_dir.checkpoints, warn=lambda _message: None)
+    run_dir.create()
+    with run_dir.lock():
+        resuming = run_dir.decide_resume(resume)
+        if resuming:  # a damaged newest checkpoint: fall back to an older one (moving it aside), or refuse
+            newest_usable(run_dir.checkpoints, warn=lambda message: _say(f"warning: {message}"), move_damaged=True)
+        config_hash = _prepare_and_save(job, resuming)
+        run_dir.clear_preempted()
+        try:  # from here on, the attempt's end is recorded however the launch ends
+            run_dir.start_attempt(engine=job.module.framework, engine_version=job.adapter.installed_version(),
+                                  world_size=job.plan.world_size, config_hash=config_hash, argv=job.argv)
+            _say(f"{'resuming' if resuming else 'starting'} {job.resolved.spec.exp_name} -> {run_dir}")
+            yield
+        except (LauncherInterrupted, KeyboardInterrupt) as stop:
+            _record_end(run_dir, 128 + getattr(stop, "signum", 2), status=INTERRUPTED, note=str(stop) or "SIGINT")
+            raise
+        except BaseException:
+            _record_end(run_dir, ExitCode.FAILED)
+            raise
+        else:
+            _record_end(run_dir, job.outcome.exit_code, plot=True)
+
+
+@contextmanager
+def _join_as_other_node(job: Job, resume: str) -> Iterator[None]:
+    """A node > 0 never claims the run dir: it waits for node 0's attempt, or (no shared
+    filesystem) writes its own copy of what its workers read."""
+    if job.plan.shared_fs:
+        wait_for_leader(job.run_dir, job.plan)
     else:
-        print(f"[primus] {'done' if exit_code == 0 else 'failed'}: {run_dir}", flush=True)
-    return exit_code
+        job.run_dir.create()
+        _prepare_and_save(job, resuming=resume != "never" and job.run_dir.checkpoints.is_dir())
+    _say(f"node {job.plan.node_rank}/{job.plan.nnodes} of {job.resolved.spec.exp_name}: starting "
+         f"{job.plan.nproc_per_node} worker(s) -> {job.run_dir}")
+    yield
 
 
-def _record_end(run_dir: Path, manifest: dict, exit_code: int, plot: bool) -> None:
+def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
+    """This node's workers, the peers lost meanwhile, and the preemption marker read."""
+    try:
+        with PeerWatch(job.run_dir, job.plan) as peers:  # multi-node: name a lost peer on failure
+            if job.plan.in_process:  # the worker runs in this process: it takes this plan, not a rebuilt one
+                hand_over_plan(job.run_dir.path, job.module.name, job.engine_plan)
+            result = launch_workers(TRAIN_TARGET, job.run_dir.payload, job.plan)
+            lost = peers.lost_peers() if result.exit_code != ExitCode.COMPLETED else []
+    finally:
+        stops.install()  # torchrun / an in-process worker took the signals over
+    exit_code = job.run_dir.outcome(result.exit_code)
+    if exit_code == ExitCode.PREEMPTED:
+        return LaunchResult(exit_code, [])
+    return LaunchResult(exit_code, lost + result.failures)
+
+
+def _launcher_error(job: Job, exc: Exception) -> str:
+    """The line for a failure of the launcher itself; its traceback goes to a file, if one can be written."""
+    where = ""
+    try:
+        log = job.run_dir.logs() / f"launcher-node{job.plan.node_rank}-error.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(mask_secrets("".join(traceback.format_exception(exc))))
+        where = f" (traceback: {log})"
+    except OSError:
+        pass
+    return f"launcher error on node {job.plan.node_rank}: {summarize_error(f'{type(exc).__name__}: {exc}')}{where}"
+
+
+def _record_end(run_dir: RunDir, exit_code: int, *, status: str | None = None, note: str | None = None,
+                plot: bool = False) -> None:
     """Manifest status and plot; a full or read-only disk is reported, never masks the run's own error."""
     try:
-        finish_manifest(run_dir, manifest, exit_code)
+        run_dir.finish_attempt(exit_code, status, note)
         if plot:
             from primus.runtime.plot import plot_metrics
 
-            plot_metrics(run_dir)
+            plot_metrics(run_dir.path)
     except ImportError:
         print("[primus] matplotlib not installed: no metrics.png", file=sys.stderr)
     except OSError as exc:
         print(f"[primus] cannot record the end of the run in {run_dir}: {exc.strerror}", file=sys.stderr)
+
+
+def _report(job: Job) -> int:
+    run_dir, exit_code = job.run_dir, job.outcome.exit_code
+    for line in map(mask_secrets, job.outcome.failures):
+        print(f"[primus] FAILED {line} (see {run_dir.logs(job.module.name)}/rank-*/error.log)", file=sys.stderr)
+    if exit_code not in (ExitCode.COMPLETED, ExitCode.PREEMPTED) and run_dir.path.is_dir() \
+            and shutil.disk_usage(run_dir.path).free < DISK_FULL_BYTES:
+        print(f"[primus] the disk holding {run_dir} is full ({shutil.disk_usage(run_dir.path).free} bytes free): "
+              "free space, then run the same command to resume from the last complete checkpoint", file=sys.stderr)
+    if exit_code == ExitCode.PREEMPTED:
+        _say(f"{job.who}preempted: checkpoint saved; run the same command again to resume ({run_dir})")
+    else:
+        _say(f"{job.who}{'done' if exit_code == ExitCode.COMPLETED else 'failed'}: {run_dir}")
+    return exit_code

@@ -1,101 +1,67 @@
-"""Start the worker processes of this node: in-process for one, ``torch.distributed.run`` for N.
+"""Start this node's worker processes: in-process for one, ``torch.distributed.run`` for N.
 
-Environment names kept from Primus: ``NNODES``, ``NODE_RANK``, ``GPUS_PER_NODE``,
-``MASTER_ADDR``, ``MASTER_PORT`` (flags win over them). Multi-node and Slurm executors
-build the same ``LaunchPlan`` and call the same ``launch_workers``.
+Every executor ends here (``launch_workers``) with a ``LaunchPlan``; whatever goes wrong in
+the launcher itself (a rendezvous that cannot start, a port in use, a signal) comes back as a
+``LaunchResult`` with one line per failure, never as a traceback.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shlex
 import signal
 import socket
-import sys
 import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WORKER_MODULE = "primus.runtime.worker"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class LaunchPlan:
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None
-    max_restarts: int = 0
-    # multi-node (nnodes > 1): c10d rendezvous on master_addr:master_port, hosted by node 0
-    rdzv_id: str = "primus"
-    rdzv_timeout: int = 300
-    local_addr: str | None = None
-    shared_fs: bool = True
-    run_dir_timeout: int = 300
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc_per_node * self.nnodes
-
-    @property
-    def in_process(self) -> bool:
-        return self.world_size == 1
-
-    @classmethod
-    def from_env(cls, nproc_per_node: int | None = None, nnodes: int | None = None, node_rank: int | None = None,
-                 master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0) -> "LaunchPlan":
-        env = os.environ
-        return cls(
-            nproc_per_node=nproc_per_node or int(env.get("GPUS_PER_NODE", "1")),
-            nnodes=nnodes or int(env.get("NNODES", "1")),
-            node_rank=node_rank if node_rank is not None else int(env.get("NODE_RANK", "0")),
-            master_addr=master_addr or env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=master_port or (int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None),
-            max_restarts=max_restarts,
-        )
-
-    def with_port(self) -> "LaunchPlan":
-        if self.master_port is None:
-            self.master_port = free_port() if self.nnodes == 1 else 29500
-        return self
-
-    def torchrun_args(self, target: str, payload_path: Path) -> list[str]:
-        args = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}"]
-        if self.nnodes > 1:  # c10d assigns node ranks; node 0 hosts the store (multinode.py)
-            from primus.launch.multinode import rendezvous_args
-
-            args += rendezvous_args(self)
-        else:
-            args += [f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",
-                     f"--master-port={self.master_port}"]
-        args.append(f"--max-restarts={self.max_restarts}")
-        return [*args, "-m", WORKER_MODULE, target, str(payload_path)]
-
-    def command(self, target: str, payload_path: Path) -> list[str]:
-        """The exact process command (what --dry-run prints)."""
-        if self.in_process:
-            return [sys.executable, "-m", WORKER_MODULE, target, str(payload_path)]
-        return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_args(target, payload_path)]
-
-    def describe(self, target: str, payload_path: Path) -> str:
-        prefix = "(in-process) " if self.in_process else ""
-        return prefix + shlex.join(self.command(target, payload_path))
+from primus.launch.plan import LaunchPlan
+from primus.runtime.rundir import stop_after_write
 
 
 @dataclass
 class LaunchResult:
     exit_code: int
     failures: list[str]
+
+
+class LauncherInterrupted(BaseException):
+    """SIGTERM/SIGHUP reached the launcher outside its workers' own handling (while claiming the
+    run dir, or before torchrun took over the signals). A BaseException, like KeyboardInterrupt,
+    so that no ``except Exception`` in between swallows it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"launcher got {signal.Signals(signum).name}")
+
+
+class StopsRaise:
+    """For the launcher's own code: TERM/HUP raise ``LauncherInterrupted`` (the default would kill
+    the process before it can record the attempt's end). torchrun and an in-process worker install
+    their own handlers while workers run; ``install()`` takes the signals back afterwards."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self) -> "StopsRaise":
+        self.previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+        self.install()
+        return self
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._raise)
+
+    @staticmethod
+    def _raise(signum, _frame) -> None:
+        if stop_after_write(signum):  # a run-dir file is half-written: stop right after it
+            return
+        raise LauncherInterrupted(signum)
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def _single_process_env(plan: LaunchPlan) -> None:
@@ -120,7 +86,7 @@ def launch_workers(target: str, payload: dict[str, Any] | Path, plan: LaunchPlan
         _single_process_env(plan)
         try:
             return LaunchResult(run_target(target, json.loads(payload_path.read_text())), [])
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, LauncherInterrupted):
             raise
         except BaseException as exc:  # (DCP's CheckpointException is a BaseException) logged in error.log
             text = "".join(traceback.format_exception(exc))
@@ -142,6 +108,28 @@ def summarize_error(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def describe_rendezvous_error(err: BaseException, plan: LaunchPlan) -> str:
+    """One line for a failed rendezvous, naming the endpoint, the node and the likely cause."""
+    endpoint = f"{plan.master_addr}:{plan.master_port}"
+    where = f"node {plan.node_rank} of {plan.nnodes} ({socket.gethostname()})"
+    text = " ".join(f"{err} {err.__cause__ or ''}".split())
+    name = type(err).__name__
+    if "address already in use" in text.lower() or "EADDRINUSE" in text:
+        cause = f"port {plan.master_port} is already in use on {plan.master_addr}: choose another MASTER_PORT"
+    elif name == "RendezvousTimeoutError":
+        cause = (f"not all {plan.nnodes} nodes joined within {plan.rdzv_timeout}s: a node never arrived "
+                 f"(is every node started with MASTER_ADDR={plan.master_addr}, MASTER_PORT={plan.master_port}, "
+                 f"rdzv id '{plan.rdzv_id}'?)")
+    elif name in ("RendezvousConnectionError", "RendezvousStateError"):
+        cause = (f"cannot reach the rendezvous store at {endpoint} within {plan.rdzv_timeout}s: wrong MASTER_ADDR, "
+                 "node 0 not running, or a firewall")
+    elif name == "RendezvousClosedError":
+        cause = "the rendezvous was closed by another node (it failed or was stopped)"
+    else:
+        cause = name
+    return f"rendezvous at {endpoint} failed on {where}: {cause} [{name}: {text[:300]}]"
+
+
 def _consequence_rank(failure) -> tuple:
     """Sort key putting the root cause first: ranks the agent SIGTERMed, or that only lost a
     peer's connection, failed because of another rank; otherwise earliest first."""
@@ -152,6 +140,7 @@ def _consequence_rank(failure) -> tuple:
 
 
 def _torchrun(plan: LaunchPlan, target: str, payload_path: Path) -> LaunchResult:
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -162,9 +151,7 @@ def _torchrun(plan: LaunchPlan, target: str, payload_path: Path) -> LaunchResult
         os.environ["PRIMUS_STATIC_RDZV"] = "1"  # see primus.runtime.worker.fresh_store_after_restart
     try:
         run(args)
-    except RendezvousError as err:  # a node that never arrived, a wrong address, a port in use
-        from primus.launch.multinode import describe_rendezvous_error
-
+    except (RendezvousError, DistError) as err:  # a node that never arrived, a wrong address, a port in use
         return LaunchResult(1, [describe_rendezvous_error(err, plan)])
     except SignalException as stop:
         # torchelastic forwarded the signal to the workers and waited for them to exit

@@ -4,7 +4,8 @@ Each task runs that node's ``primus train`` with ``--executor multi-node``; insi
 ``NNODES``/``NODE_RANK`` come from ``SLURM_*`` (``primus.launch.config.slurm_step_env``) and
 ``MASTER_ADDR`` is the first host of ``scontrol show hostnames``. Slurm's own stdout/stderr
 go to ``{run_dir}/slurm/<jobid>.out|.err``. Preemption and time limits: ``--signal=B:TERM@120``
-signals the batch shell, which forwards it to the tasks; the workers checkpoint and exit 75.
+signals the batch shell, which forwards it to the tasks; the workers checkpoint and the job ends
+preempted (``ExitCode.PREEMPTED``).
 With a container image, srun's pyxis ``--container-image`` is used when srun offers it, else
 every task runs the container engine itself (``primus train --executor container``).
 """
@@ -21,6 +22,7 @@ import jinja2
 import primus
 from primus.config.errors import ConfigError
 from primus.launch.config import LauncherConfig
+from primus.runtime.rundir import ExitCode, RunDir
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
@@ -69,7 +71,8 @@ def render_sbatch(config: LauncherConfig, *, node_command: list[str], srun_flags
         version=primus.__version__, exp_name=exp_name, run_dir=run_dir, job_name=config.slurm.job_name or
         f"primus-{exp_name}", nodes=config.nnodes or 1, log_dir=log_dir_of(config, run_dir),
         signal=config.slurm.signal, sbatch_flags=sbatch_flags(config, extra_sbatch), workdir=workdir,
-        master_port=master_port, srun_flags=srun_flags, command=shlex.join(node_command))
+        master_port=master_port, srun_flags=srun_flags, command=shlex.join(node_command),
+        preempted_marker=RunDir(run_dir).preempted_marker, preempted_exit=int(ExitCode.PREEMPTED))
 
 
 def log_dir_of(config: LauncherConfig, run_dir: Path) -> Path:
@@ -81,12 +84,13 @@ def step_flags(config: LauncherConfig, nodes: int) -> list[str]:
     return [f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *config.slurm.srun_args]
 
 
-def submit(script: str, script_path: Path) -> str:
+def submit(script: str, script_path: Path, env: dict[str, str] | None = None) -> str:
     if not shutil.which("sbatch"):
         raise ConfigError("--slurm: 'sbatch' is not on PATH (run on a Slurm login node, or use --dry-run)")
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script)
-    out = subprocess.run(["sbatch", "--parsable", str(script_path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(["sbatch", "--parsable", str(script_path)], capture_output=True, text=True, timeout=120,
+                         env=env)
     if out.returncode != 0:
         reason = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise ConfigError(f"sbatch {script_path}: {reason}")

@@ -72,7 +72,7 @@ def _preflight(args: argparse.Namespace, overrides: list[str]) -> int:
 
     from primus.launch import executors
     from primus.launch.local import launch_workers
-    from primus.launch.multinode import plan_from_config
+    from primus.launch.plan import plan_from_config
 
     overrides, sbatch_extra = executors.split_passthrough(overrides, sys.argv[1:])
     config, _ = executors.launcher_from_args(args)

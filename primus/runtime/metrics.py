@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus.runtime.rundir import RunDir, reopen_if_deleted
+
 logger = logging.getLogger("primus.metrics")
 
 
@@ -102,7 +104,7 @@ class MetricsReporter:
         self._tb = None
         if rank != 0:
             return
-        self.path = run_dir / "metrics.jsonl"
+        self.path = RunDir(run_dir).metrics
         self._jsonl = self.path.open("a", encoding="utf-8")
         if enable_tensorboard:
             self._tb = _tensorboard_writer(run_dir / "tensorboard")
@@ -111,6 +113,7 @@ class MetricsReporter:
         metrics = derive(report, world_size=self.world_size, device=self.device, peak_tflops=self.peak)
         self.history.append(metrics)
         if self._jsonl is not None:
+            self._jsonl = reopen_if_deleted(self._jsonl, self.path, _warn_reopened)  # (rel: #16 item 7)
             self._jsonl.write(json.dumps(vars(metrics)) + "\n")  # flat fields: no deep-copying asdict()
             self._jsonl.flush()
             logger.info(format_train_line(metrics))
@@ -125,6 +128,10 @@ class MetricsReporter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _warn_reopened(path: Path) -> None:
+    logger.warning("%s was deleted during the run: reopened it; the steps before this one are not in it", path)
 
 
 class _TensorBoardScalars:

@@ -12,7 +12,9 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_metrics(run_dir: Path) -> Path | None:
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    from primus.runtime.rundir import RunDir
+
+    rows = read_metrics(RunDir(run_dir).metrics)
     if not rows:
         return None
     import matplotlib

@@ -1,8 +1,9 @@
 """Graceful stop on SIGTERM (what Slurm and Kubernetes send before killing a job).
 
 The signal only sets a flag; the backend checks it at a step boundary, writes a checkpoint
-and raises ``Preempted``. The job then exits with ``PREEMPTED_EXIT`` (75, EX_TEMPFAIL: "try
-again"), and the next ``primus train`` of the experiment resumes from that checkpoint.
+and raises ``Preempted``. The job then exits with ``ExitCode.PREEMPTED`` (EX_TEMPFAIL, "try
+again"; ``primus.runtime.rundir``), and the next ``primus train`` of the experiment resumes
+from that checkpoint.
 All ranks agree on stopping through one tiny all-reduce per step, so no rank is left
 waiting in a collective that its peers will never enter.
 """
@@ -12,10 +13,6 @@ import os
 import signal
 import threading
 from types import FrameType
-
-PREEMPTED_EXIT = 75
-PREEMPTED_MARKER = "preempted.json"
-
 
 class Preempted(Exception):
     def __init__(self, step: int, checkpointed: bool):

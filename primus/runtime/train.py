@@ -5,7 +5,6 @@ the launching process, so ``${VAR}`` cannot resolve differently per rank.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,8 @@ from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import device_peak
 from primus.runtime.metrics import MetricsReporter
 from primus.runtime.registry import get_adapter
-from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER, Preempted, StopSignal
-from primus.runtime.rundir import read_resolved_config, record_restart
+from primus.runtime.preemption import Preempted, StopSignal
+from primus.runtime.rundir import ExitCode, RunDir
 
 
 # Plans the launcher built in this very process (a one-rank job runs its worker in-process): the
@@ -42,7 +41,7 @@ def _device() -> tuple[str, str]:
 
 def train_worker(payload: dict[str, Any]) -> int:
     run_dir = Path(payload["run_dir"])
-    tree = restore_secrets(read_resolved_config(run_dir))
+    tree = restore_secrets(RunDir(run_dir).read_config())
     module_name = payload["module"]
     section = tree["modules"][module_name]
     rank = int(os.environ.get("RANK", "0"))
@@ -69,7 +68,7 @@ def train_worker(payload: dict[str, Any]) -> int:
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                      logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install())
     if restarts and rank == 0:
-        record_restart(run_dir, restarts)
+        RunDir(run_dir).record_restart(restarts)
         logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint", restarts)
     module = ModuleConfig(name=module_name, framework=section["framework"],
                           stage=adapter.canonical_stage(section["stage"]), params=params)
@@ -84,8 +83,8 @@ def train_worker(payload: dict[str, Any]) -> int:
     except Preempted as stop:
         logger.warning("rank %d %s", rank, stop)
         if rank == 0:
-            (run_dir / PREEMPTED_MARKER).write_text(json.dumps({"step": stop.step, "checkpointed": stop.checkpointed}))
-        return PREEMPTED_EXIT
+            RunDir(run_dir).mark_preempted(stop.step, stop.checkpointed)
+        return ExitCode.PREEMPTED
     except NonFiniteLoss as exc:
         logger.error("rank %d: %s", rank, exc)  # one line: a training outcome, not a Primus bug
         raise

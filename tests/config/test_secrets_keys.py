@@ -4,7 +4,7 @@ import pytest
 from primus.config.resolve import resolve_experiment
 from primus.config.secrets import is_secret_key, restore_secrets
 from primus.runtime.registry import backend_defaults
-from primus.runtime.rundir import read_resolved_config, write_resolved_config
+from primus.runtime.rundir import RunDir
 
 from tests.conftest import ROOT, write
 
@@ -27,10 +27,14 @@ def test_not_secret_keys(key):
     assert not is_secret_key(key)
 
 
-def _saved_and_read_back(resolved, run_dir):
+def _saved_and_read_back(resolved, run_dir, monkeypatch):
+    """What the launcher saves and a worker (with the launcher's environment) reads back."""
     run_dir.mkdir(parents=True)
-    write_resolved_config(run_dir, resolved.redacted_tree())
-    return restore_secrets(read_resolved_config(run_dir))
+    tree, env = resolved.saved_tree()
+    RunDir(run_dir).write_config(tree)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return restore_secrets(RunDir(run_dir).read_config())
 
 
 @pytest.mark.parametrize("example", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
@@ -39,7 +43,7 @@ def test_shipped_example_round_trips_through_save_and_worker_read(example, tmp_p
     when `tokenizer_type: HuggingFaceTokenizer` was saved as <redacted>."""
     monkeypatch.chdir(ROOT)
     resolved = resolve_experiment(example, [], backend_defaults)
-    assert _saved_and_read_back(resolved, tmp_path / "run") == resolved.tree()
+    assert _saved_and_read_back(resolved, tmp_path / "run", monkeypatch) == resolved.tree()
 
 
 def test_tokenizer_keys_survive_and_a_literal_secret_does_not(tmp_path, monkeypatch):
@@ -48,7 +52,9 @@ def test_tokenizer_keys_survive_and_a_literal_secret_does_not(tmp_path, monkeypa
     resolved = resolve_experiment(exp, ["tokenizer_type=HuggingFaceTokenizer", "tokenizer_model=/tok",
                                         "primus.hf_token=hf_literalSECRET"], backend_defaults)
     text = (tmp_path / "run" / "config.resolved.yaml")
-    back = _saved_and_read_back(resolved, tmp_path / "run")
+    back = _saved_and_read_back(resolved, tmp_path / "run", monkeypatch)
     params = back["modules"]["pre_trainer"]["params"]
     assert params["tokenizer_type"] == "HuggingFaceTokenizer" and params["tokenizer_model"] == "/tok"
     assert "hf_literalSECRET" not in text.read_text()
+    assert "hf_token: ${PRIMUS_SECRET_PRE_TRAINER_PRIMUS_HF_TOKEN}" in text.read_text()
+    assert params["primus"]["hf_token"] == "hf_literalSECRET"  # the worker gets it back intact

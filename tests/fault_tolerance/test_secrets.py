@@ -1,4 +1,10 @@
-"""Planted secrets never appear in logs, configs, manifests, dry-run output or preflight reports."""
+"""Secrets reach the workers intact and appear nowhere else.
+
+Planted secrets never appear in logs, configs, manifests, dry-run output or preflight reports.
+A planted literal token appears in no file of the run dir, no dry-run output, no error line; the
+workers still receive it."""
+import json
+
 import pytest
 
 from tests.conftest import TINY_EXAMPLE, write
@@ -29,3 +35,82 @@ def test_no_planted_secret_in_any_output(run_primus, workspace, tmp_path):
     assert not {k: v for k, v in leaked.items() if v}
     resolved = next(p for p in files if p.name == "config.resolved.yaml").read_text()
     assert "hf_token: ${HF_TOKEN}" in resolved  # saved as the reference, re-read by workers
+
+
+FILE_LITERAL = "hf_PLANTEDliteralFILE01"
+CLI_LITERAL = "hf_PLANTEDliteralCLI002"
+PROBE = '''import atexit, hashlib, os
+if os.environ.get("RANK") is not None and os.environ.get("PRIMUS_T_PROBE"):
+    def _probe():
+        with open(os.path.join(os.environ["PRIMUS_T_PROBE"], "rank" + os.environ["RANK"]), "w") as out:
+            out.write(hashlib.sha256(os.environ.get("HF_TOKEN", "").encode()).hexdigest())
+    atexit.register(_probe)
+'''
+
+
+@pytest.mark.e2e
+def test_a_literal_secret_reaches_the_workers_and_nothing_else(run_primus, workspace, tmp_path, monkeypatch):
+    """A token written literally in the file, or given on the command line, is in no file of the
+    run dir, no dry-run output (local, Slurm, srun, container), no error line, and each real
+    worker process still reads it (a probe in the workers records its hash)."""
+    import hashlib
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    exp = write(tmp_path / "exp.yaml", TINY_EXAMPLE.read_text().replace(
+        "        tiny_assets:", f"        hf_token: {FILE_LITERAL}\n        tiny_assets:"))
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    write(tmp_path / "site" / "sitecustomize.py", PROBE)
+    env = {"PRIMUS_T_PROBE": str(probe), "PYTHONPATH": str(tmp_path / "site"), "PRIMUS_USER_CONFIG": "/nonexistent",
+           "SLURM_JOB_ID": ""}
+    secret = f"primus.hf_token={CLI_LITERAL}"
+    outputs = []
+    for args, code in (
+            (["config", "show", exp], 0), (["config", "show", exp, "--why", "primus.hf_token", secret], 0),
+            (["train", exp, "--dry-run", secret], 0), (["train", exp, "--slurm", "-N", "2", "--dry-run", secret], 0),
+            (["train", exp, "--container", "img:1", "--container-engine", "docker", "--dry-run", secret], 0),
+            (["config", "validate", exp, f"primus.hf_token=[{CLI_LITERAL}]"], 2),
+            (["train", exp, "--nproc-per-node", "2", "exp_name=literal", "training.steps=1", secret], 0)):
+        result = run_primus(*args, env=env)
+        assert result.returncode == code, result.stderr[-2000:]
+        outputs.append(result.stdout + result.stderr)
+    srun = run_primus("train", exp, "--srun", "--dry-run", secret, env={**env, "SLURM_JOB_ID": "7",
+                                                                        "SLURM_JOB_NUM_NODES": "2"})
+    assert srun.returncode == 0, srun.stderr[-2000:]
+    outputs.append(srun.stdout + srun.stderr)
+    text = "\n".join(outputs)
+    assert FILE_LITERAL not in text and CLI_LITERAL not in text
+    assert text.count("primus.hf_token=${PRIMUS_SECRET_PRIMUS_HF_TOKEN}") >= 3  # sbatch, docker, srun: by name
+    assert "-e PRIMUS_SECRET_PRIMUS_HF_TOKEN" in outputs[4]
+    files = [p for p in workspace.rglob("*") if p.is_file()]
+    assert any(p.name == "config.resolved.yaml" for p in files)
+    leaked = [str(p) for p in files if FILE_LITERAL.encode() in p.read_bytes() or CLI_LITERAL.encode() in p.read_bytes()]
+    assert not leaked
+    run_dir = workspace / "amd" / "root" / "literal"
+    assert "hf_token: ${PRIMUS_SECRET_PRE_TRAINER_PRIMUS_HF_TOKEN}" in (run_dir / "config.resolved.yaml").read_text()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert "primus.hf_token=<redacted>" in manifest["command"] and "primus.hf_token=<redacted>" in \
+        manifest["attempts"][-1]["command"]
+    received = {p.name: p.read_text() for p in probe.iterdir()}
+    assert received == {f"rank{r}": hashlib.sha256(CLI_LITERAL.encode()).hexdigest() for r in (0, 1)}
+
+
+def test_a_secret_handed_to_another_node_is_saved_by_reference(monkeypatch):
+    """Slurm tasks and containers get ``primus.hf_token=${PRIMUS_SECRET_...}`` and the value by name;
+    the node's own launcher then saves the reference, and its workers read the value back."""
+    from primus.config.resolve import resolve_experiment
+    from primus.config.secrets import redact_argv, restore_secrets, secure_overrides
+    from primus.runtime.registry import backend_defaults
+
+    tokens, env = secure_overrides(["training.steps=2", "--primus.hf_token", CLI_LITERAL])
+    assert tokens == ["training.steps=2", "--primus.hf_token", "${PRIMUS_SECRET_PRIMUS_HF_TOKEN}"]
+    assert env == {"PRIMUS_SECRET_PRIMUS_HF_TOKEN": CLI_LITERAL}
+    monkeypatch.setenv("PRIMUS_SECRET_PRIMUS_HF_TOKEN", CLI_LITERAL)
+    tree, new_env = resolve_experiment(TINY_EXAMPLE, tokens, backend_defaults).saved_tree()
+    assert new_env == {}  # nothing literal left to hand on
+    assert tree["modules"]["pre_trainer"]["params"]["primus"]["hf_token"] == "${PRIMUS_SECRET_PRIMUS_HF_TOKEN}"
+    assert restore_secrets(tree)["modules"]["pre_trainer"]["params"]["primus"]["hf_token"] == CLI_LITERAL
+    assert redact_argv(["primus", "train", "x.yaml", "--primus.hf_token", CLI_LITERAL, f"a.api_key={CLI_LITERAL}",
+                        "primus.hf_token=${HF_TOKEN}"]) == [
+        "primus", "train", "x.yaml", "--primus.hf_token", "<redacted>", "a.api_key=<redacted>",
+        "primus.hf_token=${HF_TOKEN}"]

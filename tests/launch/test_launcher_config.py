@@ -4,7 +4,7 @@ import pytest
 from primus.config.errors import ConfigError
 from primus.launch.config import load_launcher_config, slurm_step_env
 from primus.launch.executors import split_passthrough
-from primus.launch.multinode import plan_from_config, rendezvous_args
+from primus.launch.plan import plan_from_config
 from tests.conftest import write
 
 
@@ -62,7 +62,7 @@ def test_slurm_step_variables_fill_node_identity(tmp_path):
 def test_rendezvous_arguments_make_node_zero_the_store_host(tmp_path):
     config, _ = _load(tmp_path, cli={"nnodes": 2, "node_rank": 0, "master_addr": "10.0.0.1", "master_port": 29555,
                                      "rdzv_timeout": 30, "rdzv_id": "job7"})
-    assert rendezvous_args(plan_from_config(config)) == [
+    assert plan_from_config(config).rendezvous_args() == [
         "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29555", "--rdzv-id=job7",
         "--rdzv-conf=join_timeout=30,read_timeout=30,is_host=true"]
     with pytest.raises(ConfigError, match="needs the rendezvous host"):

@@ -183,6 +183,11 @@ def _load_checkpoint(root: Path, chunks, optimizer, scheduler, *, use_distribute
     iteration = latest_iteration(root)
     if iteration is None:
         raise FileNotFoundError(f"no {TRACKER} under {root}")
+    from primus.runtime.checkpoints import newest_usable  # (rel, #16) skip a damaged newest checkpoint
+
+    iteration = newest_usable(root, "megatron", at_most=iteration)
+    if iteration is None:
+        raise FileNotFoundError(f"no finished checkpoint under {root}")
     source = iteration_dir(root, iteration)
     with_optimizer = not (finetune or no_load_optim)
     with_rng = not (finetune or no_load_rng)

@@ -119,6 +119,11 @@ class TorchTitanAdapter(BackendAdapter):
         cfg = plan.engine_config
         if ctx.resume and not cfg.checkpoint.enable:
             ctx.logger.warning("--resume given but checkpoint.enable is false: starting from step 0")
+        if cfg.checkpoint.enable and cfg.checkpoint.load_step < 0:  # (rel, #16) skip a damaged newest checkpoint
+            from primus.runtime.checkpoints import newest_usable
+
+            step = newest_usable(ctx.checkpoint_dir, "torchtitan")
+            cfg.checkpoint.load_step = cfg.checkpoint.load_step if step is None else step
         trainer = with_primus_components(cfg).build()
         trainer.attach(ctx, plan.flops_per_token)
         try:

@@ -1,0 +1,130 @@
+"""Is a checkpoint whole? Checked before resuming from it, the same way for every backend.
+
+TorchTitan writes ``checkpoints/step-N/`` and Megatron (torch_dist) ``checkpoints/iter_NNNNNNN/``:
+both are ``torch.distributed.checkpoint`` directories whose ``.metadata`` (written last) names
+the file, offset and length of every saved tensor and object. A checkpoint is usable when its
+``.metadata`` loads, every file it names exists and is at least as long as the data it must
+hold, and its small side files (Megatron's ``common.pt``, ``metadata.json``) are intact.
+
+Resuming picks the newest usable checkpoint, warning about each newer one it skips (naming
+the bad file), and refuses (exit 2, naming it) when there are checkpoints but none is usable.
+A directory without ``.metadata`` is a save that never finished (the engines skip it too): it
+is named in a warning but is no reason to refuse. Nothing is ever deleted: the launcher moves
+a damaged checkpoint aside (``step-4`` -> ``step-4.damaged``) so that the resumed run cannot
+overwrite it, and it stays there for the user to inspect.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from primus.config.errors import ConfigError
+
+logger = logging.getLogger("primus.checkpoints")
+
+LAYOUTS = {"torchtitan": re.compile(r"^step-(\d+)$"), "megatron": re.compile(r"^iter_(\d+)$")}
+
+
+class UnusableCheckpoint(ConfigError):
+    """Checkpoints exist but none can be resumed from."""
+
+
+def _unfinished(path: Path) -> str | None:
+    metadata = path / ".metadata"
+    return None if metadata.is_file() else f"{metadata} is missing (the save did not finish)"
+
+
+def problem_of(path: Path) -> str | None:
+    """None when the checkpoint directory is whole; else what is wrong, naming the bad file."""
+    metadata = path / ".metadata"
+    unfinished = _unfinished(path)
+    if unfinished:
+        return unfinished
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data or {}
+    except Exception as exc:  # noqa: BLE001 - any failure to read it means the same: unusable
+        return f"{metadata} does not load ({type(exc).__name__}: {str(exc)[:80]})"
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        relative = getattr(info, "relative_path", None)
+        if relative is not None:
+            needed[relative] = max(needed.get(relative, 0), info.offset + info.length)
+    for relative, size in sorted(needed.items()):
+        file = path / relative
+        if not file.is_file():
+            return f"{file} is missing"
+        actual = file.stat().st_size
+        if actual < size:
+            return f"{file} is truncated ({actual} of {size} bytes)"
+    for side in sorted(path.glob("*.pt")):
+        try:
+            with zipfile.ZipFile(side) as archive:
+                if archive.testzip() is not None:
+                    raise zipfile.BadZipFile("a member fails its CRC")
+        except (OSError, zipfile.BadZipFile) as exc:
+            return f"{side} is damaged ({exc})"
+    for side in sorted(path.glob("*.json")):
+        try:
+            json.loads(side.read_text())
+        except (OSError, ValueError) as exc:
+            return f"{side} is damaged ({type(exc).__name__})"
+    return None
+
+
+def checkpoints_in(root: Path, layout: str | None = None) -> list[tuple[int, Path]]:
+    """(step, directory) of every checkpoint directory under ``root``, newest first."""
+    patterns = [LAYOUTS[layout]] if layout else list(LAYOUTS.values())
+    found = []
+    if Path(root).is_dir():
+        for child in Path(root).iterdir():
+            for pattern in patterns:
+                match = pattern.match(child.name)
+                if match and child.is_dir():
+                    found.append((int(match.group(1)), child))
+    return sorted(found, key=lambda item: item[0], reverse=True)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint out of the engines' sight (``<name>.damaged``, then ``.damaged-2``, ...)."""
+    target, n = path.with_name(f"{path.name}.damaged"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{n}")
+    path.rename(target)
+    return target
+
+
+def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None = None,
+                  warn: Callable[[str], None] | None = None, move_damaged: bool = False) -> int | None:
+    """The step of the newest whole checkpoint under ``root`` (at most ``at_most``), or None when
+    there is no checkpoint at all. Each newer, damaged one is named in a warning (and moved aside
+    with ``move_damaged``); when every one is damaged, ``UnusableCheckpoint`` names the newest."""
+    warn = warn or logger.warning
+    candidates = [(step, path) for step, path in checkpoints_in(root, layout) if at_most is None or step <= at_most]
+    skipped: list[str] = []  # problems of the newer checkpoints, newest first
+    damaged: list[tuple[Path, str]] = []  # those that finished saving and are broken since
+    for step, path in candidates:
+        problem = problem_of(path)
+        if problem is None:
+            for line in skipped:
+                warn(f"checkpoint not usable, skipped: {line}; resuming from {path} instead (nothing was deleted)")
+            if move_damaged:
+                for bad, _ in damaged:
+                    warn(f"moved the damaged checkpoint {bad} to {set_aside(bad)}, so that this run cannot overwrite it")
+            return step
+        skipped.append(problem)
+        if not _unfinished(path):
+            damaged.append((path, problem))
+    if damaged:
+        raise UnusableCheckpoint(f"{root}: no usable checkpoint to resume from; the newest: {damaged[0][1]} "
+                                 f"({len(skipped)} checked, nothing was deleted; move the damaged ones away to "
+                                 "start from scratch)")
+    for line in skipped:
+        warn(f"checkpoint not usable, skipped: {line}; starting from scratch (nothing was deleted)")
+    return None

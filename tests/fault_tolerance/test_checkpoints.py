@@ -1,0 +1,121 @@
+"""Resuming verifies the checkpoint first.
+
+A damaged newest checkpoint: verified before resuming, skipped with a warning naming the bad
+file (and moved aside, never deleted), or refused (exit 2) when no checkpoint is usable.
+
+Unit tests use real ``torch.distributed.checkpoint`` directories in both layouts (TorchTitan
+``step-N``, Megatron ``iter_NNNNNNN`` with its ``common.pt``); the end-to-end test truncates a
+real TorchTitan shard and resumes through ``primus train``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from primus.config.errors import ConfigError
+from primus.runtime.checkpoints import UnusableCheckpoint, checkpoints_in, newest_usable, problem_of
+from tests.conftest import TINY_EXAMPLE
+
+torch = pytest.importorskip("torch")
+
+
+def _save(path: Path, megatron: bool = False) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.randn(32, 32), "opt": {"m": torch.ones(100)}}, checkpoint_id=str(path))
+    if megatron:  # torch_dist's side files
+        torch.save({"iteration": 3}, path / "common.pt")
+        (path / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    return path
+
+
+def _shard(path: Path) -> Path:
+    return next(path.glob("*.distcp"))
+
+
+def test_a_whole_checkpoint_passes(tmp_path):
+    assert problem_of(_save(tmp_path / "step-2")) is None
+    assert problem_of(_save(tmp_path / "iter_0000003", megatron=True)) is None
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda p: os.truncate(_shard(p), 100), "is truncated (100 of"),
+    (lambda p: _shard(p).unlink(), "__0_0.distcp is missing"),
+    (lambda p: (p / ".metadata").write_bytes(b"\x80\x04garbage"), ".metadata does not load"),
+    (lambda p: (p / ".metadata").write_bytes((p / ".metadata").read_bytes()[:50]), ".metadata does not load"),
+    (lambda p: (p / "common.pt").write_bytes((p / "common.pt").read_bytes()[:60]), "common.pt is damaged"),
+    (lambda p: (p / "metadata.json").write_text('{"sharded'), "metadata.json is damaged"),
+])
+def test_each_kind_of_damage_is_named(tmp_path, damage, expected):
+    path = _save(tmp_path / "iter_0000003", megatron=True)
+    damage(path)
+    assert expected in problem_of(path)
+
+
+def test_the_newest_damaged_one_is_skipped_with_a_warning_and_moved_aside(tmp_path):
+    _save(tmp_path / "step-2")
+    newest = _save(tmp_path / "step-4")
+    os.truncate(_shard(newest), 100)
+    damaged_bytes = _shard(newest).read_bytes()
+    (tmp_path / "step-6").mkdir()  # a save that never finished: no .metadata
+    warnings: list[str] = []
+    assert newest_usable(tmp_path, "torchtitan", warn=warnings.append, move_damaged=True) == 2
+    assert any("step-6/.metadata is missing (the save did not finish)" in w for w in warnings)
+    assert any(f"{newest / '__0_0.distcp'} is truncated" in w and f"resuming from {tmp_path / 'step-2'}" in w
+               for w in warnings)
+    moved = tmp_path / "step-4.damaged"
+    assert any(f"moved the damaged checkpoint {newest} to {moved}" in w for w in warnings)
+    assert _shard(moved).read_bytes() == damaged_bytes  # nothing deleted, nothing rewritten
+    assert [step for step, _ in checkpoints_in(tmp_path, "torchtitan")] == [6, 2]  # out of the engine's sight
+
+
+def test_without_a_usable_one_resuming_is_refused_naming_the_file(tmp_path):
+    for step in (2, 4):
+        os.truncate(_shard(_save(tmp_path / f"step-{step}")), 10)
+    with pytest.raises(UnusableCheckpoint) as refused:
+        newest_usable(tmp_path, move_damaged=True)
+    assert isinstance(refused.value, ConfigError)  # exit 2
+    assert f"{tmp_path / 'step-4' / '__0_0.distcp'} is truncated" in str(refused.value)
+    assert "nothing was deleted" in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-4"]
+
+
+def test_only_unfinished_saves_mean_a_fresh_start(tmp_path):
+    (tmp_path / "step-2").mkdir()
+    warnings: list[str] = []
+    assert newest_usable(tmp_path, warn=warnings.append) is None
+    assert "starting from scratch" in warnings[0]
+    assert newest_usable(tmp_path / "absent") is None
+
+
+def test_megatron_layout_respects_the_tracker(tmp_path):
+    _save(tmp_path / "iter_0000003", megatron=True)
+    newest = _save(tmp_path / "iter_0000006", megatron=True)
+    _save(tmp_path / "iter_0000009", megatron=True)  # beyond the tracker: never picked
+    (newest / "common.pt").write_bytes(b"PK\x03\x04 cut")
+    assert newest_usable(tmp_path, "megatron", at_most=6, warn=lambda _: None) == 3
+    assert newest_usable(tmp_path, "torchtitan") is None  # layouts do not mix
+
+
+@pytest.mark.e2e
+def test_resume_falls_back_past_a_truncated_newest_checkpoint(run_primus, workspace):
+    pytest.importorskip("torchtitan")
+    first = run_primus("train", TINY_EXAMPLE, "exp_name=damaged", "training.steps=4", "checkpoint.interval=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_dir = workspace / "amd" / "root" / "damaged"
+    shard = _shard(run_dir / "checkpoints" / "step-4")
+    os.truncate(shard, shard.stat().st_size // 2)  # a copy cut short
+    damaged_bytes = shard.read_bytes()
+    second = run_primus("train", TINY_EXAMPLE, "--resume", "exp_name=damaged", "training.steps=5",
+                        "checkpoint.interval=2")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"{shard} is truncated" in second.stdout and "resuming from" in second.stdout
+    info = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+    assert "Training starts at step 3" in info  # from step-2, not the damaged step-4
+    assert (run_dir / "checkpoints" / "step-4.damaged" / shard.name).read_bytes() == damaged_bytes  # kept as it was
+    assert (run_dir / "checkpoints" / "step-4" / ".metadata").exists()  # saved again, whole
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 3, 4, 5]
