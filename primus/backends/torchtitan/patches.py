@@ -141,6 +141,38 @@ def gloo_sum_reduction() -> None:
     fsdp.disable_fsdp_gradient_division = disable_division_with_sum
 
 
+def sharded_init_on_cpu() -> None:
+    """On a CPU device mesh DTensor has no RNG tracker (torch ``distributed/tensor/_random.py``:
+    ``is_rng_supported_mesh`` is False because ``torch.cpu`` has no ``set_rng_state``; the only
+    sign is a warning). TorchTitan's ``Module._init_param`` then runs each initialiser on every
+    rank's *local* shard with the same seed, so the shards of every FSDP/TP/EP-sharded parameter
+    come out identical across ranks (expert i == expert i+E/2, duplicated router rows, repeated
+    FSDP halves). Initialise the full tensor instead (every rank draws the same stream, no
+    communication) and keep this rank's slice: the result equals the 1-rank initialisation."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torchtitan.models.common.param_init import skip_param_init
+    from torchtitan.protocols.module import Module
+
+    original = Module._init_param
+    if getattr(original, "_primus_patched", False):
+        return
+
+    def init_full_then_slice(self, name: str, param) -> None:
+        initialiser = (self._param_init or {}).get(name)
+        if (not isinstance(param, DTensor) or param.device_mesh.device_type != "cpu"
+                or initialiser is None or initialiser is skip_param_init):
+            return original(self, name, param)
+        full = torch.empty(param.shape, dtype=param.dtype, device="cpu")
+        initialiser(full)
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        with torch.no_grad():
+            param.to_local().copy_(local)
+
+    init_full_then_slice._primus_patched = True
+    Module._init_param = init_full_then_slice
+
+
 def _triton_missing() -> bool:
     return importlib.util.find_spec("triton") is None
 
@@ -149,6 +181,12 @@ def _torch_lacks_set_timeout() -> bool:
     import torch.distributed as dist
 
     return not hasattr(dist, "set_timeout")
+
+
+def _dtensor_lacks_cpu_rng() -> bool:
+    import torch
+
+    return _no_cuda() and not hasattr(torch.cpu, "set_rng_state")
 
 
 PATCHES = [
@@ -160,6 +198,8 @@ PATCHES = [
           _torch_lacks_set_timeout, set_timeout_alias),
     Patch("gloo_sum_reduction", gloo_sum_reduction.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"), _no_cuda,
           gloo_sum_reduction),
+    Patch("sharded_init_on_cpu", sharded_init_on_cpu.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
+          _dtensor_lacks_cpu_rng, sharded_init_on_cpu),
 ]
 
 _applied: list[str] = []
