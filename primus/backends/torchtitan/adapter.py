@@ -9,6 +9,7 @@ from typing import Any
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
 from primus.data.tiny_assets import tiny_assets_dir
+from primus.backends.torchtitan.steps import ExpertLoad, global_loss
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.context import RunContext
 from primus.plan.flops import dense_decoder_flops_per_token
@@ -55,6 +56,7 @@ class _StepReporter:
     def __init__(self, trainer: Any, ctx: RunContext, flops_per_token: float, tokens_per_step: int, seq_len: int):
         self.ctx, self.flops_per_token, self.tokens, self.seq_len = ctx, flops_per_token, tokens_per_step, seq_len
         self.pending: dict[str, Any] = {}
+        self.expert_load = ExpertLoad(trainer.model_parts)  # [tt] MoE balance into StepReport.extra
         self._train_step = trainer.train_step
         self._log = trainer.metrics_processor.log
         self.trainer = trainer
@@ -65,7 +67,7 @@ class _StepReporter:
             extra_metrics: dict[str, Any] | None = None) -> None:
         extra = extra_metrics or {}
         lr = next((v for k, v in extra.items() if k.startswith("lr")), None)
-        self.pending = {"loss": global_avg_loss, "grad_norm": grad_norm, "lr": lr}
+        self.pending = {"loss": global_loss(self.trainer, global_avg_loss), "grad_norm": grad_norm, "lr": lr}  # [tt] PP
         self._log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
 
     def train_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -77,6 +79,7 @@ class _StepReporter:
                 step=self.trainer.step, loss=float(self.pending["loss"]), step_time_s=elapsed,
                 samples=self.tokens // self.seq_len, tokens=self.tokens, flops=self.flops_per_token * self.tokens,
                 lr=self.pending["lr"], grad_norm=float(self.pending["grad_norm"]),
+                extra=self.expert_load.extra(),
             ))
             self.pending = {}
         if self.ctx.should_stop():

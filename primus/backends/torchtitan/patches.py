@@ -173,6 +173,51 @@ def sharded_init_on_cpu() -> None:
     Module._init_param = init_full_then_slice
 
 
+PRESPLIT_KEYWORDS = ("arg_mbs", "kwarg_mbs", "target_mbs")
+
+
+def pipeline_presplit_microbatches() -> None:
+    """TorchTitan 0.3.0 hands its pipeline schedule microbatches it has already split
+    (``schedule.step(arg_mbs=..., kwarg_mbs=..., target_mbs=...)``), an API of newer torch;
+    torch 2.13's ``step(*args, **kwargs)`` takes those lists for model inputs and fails
+    ("Expecting 4 arg_mbs but got 1", then ``Decoder.forward() got an unexpected keyword
+    argument 'arg_mbs'``). torch 2.13 already runs pre-split microbatches in
+    ``_step_microbatches``; route such calls there, with the bookkeeping ``step`` does."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+
+    for schedule_class in (PipelineScheduleSingle, PipelineScheduleMulti):
+        original = schedule_class.step
+        if getattr(original, "_primus_patched", False):
+            continue
+
+        def step(self, *args, _whole_batch_step=original, **kwargs):
+            if not any(key in kwargs for key in PRESPLIT_KEYWORDS):
+                return _whole_batch_step(self, *args, **kwargs)
+            microbatches = [kwargs.pop(key, None) for key in PRESPLIT_KEYWORDS]
+            losses, loss_kwargs = kwargs.pop("losses", None), kwargs.pop("loss_kwargs", None)
+            return_outputs = kwargs.pop("return_outputs", True)
+            if args or kwargs:
+                raise TypeError(f"pre-split pipeline step takes no other inputs, got {sorted(kwargs) or 'args'}")
+            stages = getattr(self, "_stages", None) or [self._stage]
+            for stage in stages:
+                stage.has_backward = self._has_backward
+                stage.clear_runtime_states()
+            self._step_microbatches(*microbatches, losses, return_outputs, loss_kwargs=loss_kwargs)
+            last = [stage for stage in stages if stage.is_last]
+            return self._merge_outputs(last[0].output_chunks) if last and return_outputs else None
+
+        step._primus_patched = True
+        schedule_class.step = step
+
+
+def _torch_step_lacks_presplit() -> bool:
+    import inspect
+
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    return "arg_mbs" not in inspect.signature(PipelineScheduleSingle.step).parameters
+
+
 def _triton_missing() -> bool:
     return importlib.util.find_spec("triton") is None
 
@@ -200,6 +245,8 @@ PATCHES = [
           gloo_sum_reduction),
     Patch("sharded_init_on_cpu", sharded_init_on_cpu.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
           _dtensor_lacks_cpu_rng, sharded_init_on_cpu),
+    Patch("pipeline_presplit_microbatches", pipeline_presplit_microbatches.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), _torch_step_lacks_presplit, pipeline_presplit_microbatches),
 ]
 
 _applied: list[str] = []
