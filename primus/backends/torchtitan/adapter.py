@@ -9,7 +9,7 @@ from typing import Any
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
 from primus.data.tiny_assets import tiny_assets_dir
-from primus.backends.torchtitan.steps import ExpertLoad, global_loss
+from primus.backends.torchtitan.steps import ExpertLoad, engine_non_finite_loss, global_loss
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.context import RunContext
 from primus.plan.flops import dense_decoder_flops_per_token
@@ -72,7 +72,15 @@ class _StepReporter:
 
     def train_step(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        result = self._train_step(*args, **kwargs)
+        try:
+            result = self._train_step(*args, **kwargs)
+        except RuntimeError as error:  # [tt] TorchTitan's own non-finite-loss stop: record the step, then
+            loss = engine_non_finite_loss(error)  # end as every backend does (NonFiniteLoss, one line)
+            if loss is None:
+                raise
+            self.ctx.report_step(StepReport(step=self.trainer.step, loss=loss, step_time_s=time.perf_counter() - start,
+                                            samples=self.tokens // self.seq_len, tokens=self.tokens))
+            raise
         elapsed = time.perf_counter() - start
         if self.pending:
             self.ctx.report_step(StepReport(

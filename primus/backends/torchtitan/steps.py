@@ -3,13 +3,25 @@
 - With pipeline parallelism only the last stage computes the loss; TorchTitan logs -1 on the
   other stages. ``global_loss`` gives every rank the real value (Primus reports it on rank 0,
   and stops every rank on a non-finite loss).
+- TorchTitan stops on a non-finite loss itself, before logging the step; ``engine_non_finite_loss``
+  lets the step be recorded and the run end as on every backend (``NonFiniteLoss``).
 - TorchTitan 0.3.0's MoE has no auxiliary loss: it balances experts with a per-expert routing
   bias (auxiliary-loss-free, DeepSeek-V3). What it achieves is worth watching, so
   ``ExpertLoad`` reports the routed-token imbalance of each step.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# trainer.py (0.3.0) raises this after the optimizer step and before logging or checkpointing it.
+_ENGINE_NON_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=([^)]+)\) at step (\d+)")
+
+
+def engine_non_finite_loss(error: BaseException) -> float | None:
+    """The loss in TorchTitan's own "Loss is not finite" stop, or None for any other error."""
+    match = _ENGINE_NON_FINITE.search(str(error)) if isinstance(error, RuntimeError) else None
+    return float(match.group(1)) if match else None
 
 
 def global_loss(trainer: Any, loss: float) -> float:
