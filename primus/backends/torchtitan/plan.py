@@ -30,6 +30,7 @@ def _attention_fields(attention: Any) -> dict[str, Any]:
             "qk_rope_head_dim": attention.qk_rope_head_dim,
             "v_head_dim": attention.v_head_dim,
             "head_dim": attention.qk_nope_head_dim + attention.qk_rope_head_dim,
+            "qk_norm": True,  # TorchTitan's MLA always normalises its latents (kv_norm; q_norm with q LoRA)
         }
     qkv = attention.qkv_linear
     projection = getattr(qkv, "wqkv", None) or getattr(qkv, "wq", None)
@@ -38,6 +39,7 @@ def _attention_fields(attention: Any) -> dict[str, Any]:
         "n_kv_heads": qkv.n_kv_heads,
         "head_dim": qkv.head_dim,
         "qkv_bias": bool(projection is not None and projection.bias),
+        "linear_bias": bool(attention.wo.bias),  # gpt-oss: every linear has a bias (its experts' too)
         "qk_norm": getattr(attention, "qk_norm", None) is not None,
     }
 
@@ -102,12 +104,16 @@ def neutral_model(block: dict[str, Any]) -> ModelSpec:
 
 
 def plan_inputs(params: dict[str, Any], world_size: int | None = None):
-    """(ModelSpec, ParallelLayout). ``data_parallel_shard_degree: -1`` fills the world
-    (``world_size`` when the launcher knows it, else ``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``,
-    else 1), as TorchTitan does at start-up."""
+    """(ModelSpec, ParallelLayout) of a module's TorchTitan settings."""
+    return neutral_model(params["model"]), parallel_layout(params, world_size)
+
+
+def parallel_layout(params: dict[str, Any], world_size: int | None = None):
+    """The ``ParallelLayout``. ``data_parallel_shard_degree: -1`` fills the world (``world_size``
+    when the launcher knows it, else ``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``, else 1), as
+    TorchTitan does at start-up."""
     from primus.plan.layout import ParallelLayout
 
-    model = neutral_model(params["model"])
     training = params.get("training") or {}
     parallel = params.get("parallelism") or {}
     tp = parallel.get("tensor_parallel_degree", 1)
@@ -119,7 +125,7 @@ def plan_inputs(params: dict[str, Any], world_size: int | None = None):
         shard = max(1, _world_size(world_size) // (tp * pp * cp * replicate))
     mode = (params.get("activation_checkpoint") or {}).get("mode", "selective")
     global_batch = training.get("global_batch_size", -1)
-    return model, ParallelLayout(
+    return ParallelLayout(
         tp=tp, pp=pp, cp=cp, dp=replicate * shard, ep=parallel.get("expert_parallel_degree", 1),
         micro_batch_size=training.get("local_batch_size", 8),
         global_batch_size=global_batch if global_batch and global_batch > 0 else None,
