@@ -16,6 +16,7 @@ torch 2.13), as for the neutral Llama block.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 from collections.abc import Callable
@@ -47,6 +48,13 @@ class RegistryModel(BaseModel):
     num_experts: int | None = Field(None, gt=0, strict=True)
     top_k: int | None = Field(None, gt=0, strict=True)
     load_balance_coeff: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+def _suggest(word: str, names) -> str:
+    """did-you-mean ignoring case: flavors mix "8B", "20b" and "30B-A3B"."""
+    by_lower = {str(name).lower(): str(name) for name in names}
+    match = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean '{by_lower[match[0]]}'?)" if match else ""
 
 
 def is_registry_model(block: dict[str, Any]) -> bool:
@@ -85,7 +93,7 @@ def parse(block: dict[str, Any], validate: Callable[[type[BaseModel], dict], Bas
     table = flavors(model.name)
     if model.flavor not in table:
         raise fail("model.flavor", f"'{model.flavor}' is not a flavor of TorchTitan's {model.name}"
-                                   f"{did_you_mean(model.flavor, table)}; known: {', '.join(table)}")
+                                   f"{_suggest(model.flavor, table)}; known: {', '.join(table)}")
     keywords = registry_keywords(model.name)
     for key in model.model_extra or {}:
         if key not in keywords:
