@@ -20,9 +20,11 @@ from tests.conftest import TINY_EXAMPLE  # noqa: E402
 PROBE = Path(__file__).with_name("init_probe.py")
 LLAMA = {"n_layers": 2, "dim": 128, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32, "vocab_size": 512,
          "max_seq_len": 256}
+MOE = {"name": "deepseek_v3", "flavor": "debugmodel", "n_layers": 2, "vocab_size": 512, "num_experts": 4, "top_k": 2}
 LAYOUTS = {
     "fsdp": {"model": LLAMA, "parallelism": {"data_parallel_shard_degree": -1}},
     "tp": {"model": LLAMA, "parallelism": {"data_parallel_shard_degree": 1, "tensor_parallel_degree": 2}},
+    "ep": {"model": MOE, "parallelism": {"expert_parallel_degree": 2}},  # experts over EP, the rest FSDP
 }
 
 
@@ -64,13 +66,17 @@ def test_two_rank_initial_weights_equal_one_rank_bit_for_bit(tmp_path, tiny_cach
     assert _duplicated_shards(two) == []
 
 
-def test_without_the_patch_every_rank_initialises_the_same_shard(tmp_path, tiny_cache):
-    """The upstream behaviour the patch exists for (torch 2.13 DTensor: no RNG tracker on CPU)."""
+@pytest.mark.parametrize("layout, duplicated_example", [("fsdp", "tok_embeddings.weight"),
+                                                       ("ep", "moe.routed_experts.inner_experts.w1_EFD")])
+def test_without_the_patch_every_rank_initialises_the_same_shard(tmp_path, tiny_cache, layout, duplicated_example):
+    """The upstream behaviour the patch exists for (torch 2.13 DTensor: no RNG tracker on CPU): FSDP halves
+    repeat, and with EP=2 expert i is a copy of expert i + E/2."""
     assets = tiny_cache / "tiny_llm"
-    one = initial_weights(tmp_path, assets, "fsdp", 1)["full"]
-    bare = initial_weights(tmp_path, assets, "fsdp", 2, without="sharded_init_on_cpu")
+    one = initial_weights(tmp_path, assets, layout, 1)["full"]
+    bare = initial_weights(tmp_path, assets, layout, 2, without="sharded_init_on_cpu")
     duplicated = _duplicated_shards(bare)
-    assert "tok_embeddings.weight" in duplicated and len(duplicated) >= 8, duplicated  # 10 of 17 measured
+    assert any(name.endswith(duplicated_example) for name in duplicated), duplicated
+    assert len(duplicated) >= 8, duplicated  # fsdp: 10 of 17 parameters measured
     assert not all(torch.equal(one[name], bare["full"][name]) for name in one)
 
 
