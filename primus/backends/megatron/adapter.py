@@ -44,6 +44,7 @@ class MegatronAdapter(BackendAdapter):
     extra = "megatron"
     stages = ("pretrain",)
     stage_aliases = {"train": "pretrain"}
+    data_commands = ("primus.backends.megatron.data_cli",)
 
     def defaults(self, stage: str) -> dict[str, Any]:
         from primus.backends.megatron.arguments import default_args
