@@ -127,6 +127,10 @@ def _model(params: dict[str, Any], attn: str, ctx: BuildContext):
         return build_model_spec(spec, attn), spec
     model = registry.parse(block, registry.validator(ctx.provenance, ctx.prefix), ctx.fail)
     titan = registry.build(model, attn, ctx.fail)
+    if attn == "sdpa" and registry.has_attention_sinks(titan.model):
+        ctx.derived.append(("attn_backend", "flex", f"{model.name}'s attention sinks need the softmax normaliser, "
+                            "which SDPA does not return; FlexAttention has no CPU backward in torch 2.13, so this "
+                            "model trains on GPU only"))
     return titan, model_spec_from_titan(titan.model, f"{model.name} {model.flavor}")
 
 

@@ -12,7 +12,8 @@ it: ``torchtitan.models.<name>.model_registry(flavor, ...)``. Around the flavor,
 - any other keyword of that model's ``model_registry`` (``num_mtp_layers``, ``moe_comm_backend``, ...).
 
 On CPU the attention kernel is swapped for causal SDPA (FlexAttention has no CPU backward in
-torch 2.13), as for the neutral Llama block.
+torch 2.13), as for the neutral Llama block; gpt-oss keeps FlexAttention (its attention sinks need
+the softmax normaliser), so it plans and validates anywhere and trains on GPU.
 """
 from __future__ import annotations
 
@@ -108,15 +109,15 @@ def build(model: RegistryModel, attn_backend: str, fail: Fail):
     module = importlib.import_module(f"torchtitan.models.{model.name}")
     accepted = inspect.signature(module.model_registry).parameters
     kwargs = dict(model.model_extra or {})
-    if "attn_backend" in accepted and attn_backend != "sdpa":
-        kwargs["attn_backend"] = attn_backend
+    if "attn_backend" in accepted:
+        kwargs["attn_backend"] = "flex" if attn_backend == "sdpa" else attn_backend
     try:
         spec = module.model_registry(model.flavor, **kwargs)
     except (TypeError, ValueError, AssertionError) as exc:
         raise fail("model", f"TorchTitan's {model.name} {model.flavor}: {exc}") from None
     config = spec.model
     if attn_backend == "sdpa":
-        _use_sdpa(config, model, fail)
+        _use_sdpa(config)
     if model.n_layers is not None:
         if model.n_layers > len(config.layers):
             raise fail("model.n_layers", f"{model.n_layers} is more than the {len(config.layers)} layers of "
@@ -128,16 +129,21 @@ def build(model: RegistryModel, attn_backend: str, fail: Fail):
     return spec
 
 
-def _use_sdpa(config: Any, model: RegistryModel, fail: Fail) -> None:
-    """Causal SDPA in place of every attention kernel of the model (CPU)."""
+def has_attention_sinks(config: Any) -> bool:
+    """gpt-oss rescales attention by learned sinks, which needs the softmax normaliser SDPA does not return."""
+    from torchtitan.models.common.attention import BaseAttention
+
+    return any("sinks" in (attention.param_init or {}) for _, attention, _, _ in config.traverse(BaseAttention.Config))
+
+
+def _use_sdpa(config: Any) -> None:
+    """Causal SDPA in place of every attention kernel of the model (CPU), unless it needs sinks."""
     from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention, VarlenAttention
 
+    if has_attention_sinks(config):
+        return  # flex kept: plan and validate work; training on CPU fails in torch's FlexAttention backward
     for kind in (FlexAttention.Config, VarlenAttention.Config):
-        for fqn, _, parent, attr in list(config.traverse(kind)):
-            if "sinks" in (getattr(parent, "param_init", None) or {}):
-                raise fail("attn_backend", f"{model.name}'s attention sinks need flex or varlen attention "
-                                           "(they rescale by the softmax normaliser, which SDPA does not return); "
-                                           "neither trains on CPU with torch 2.13")
+        for _, _, parent, attr in list(config.traverse(kind)):
             setattr(parent, attr, ScaledDotProductAttention.Config())
 
 

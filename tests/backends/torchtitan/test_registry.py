@@ -53,12 +53,14 @@ def test_the_neutral_spec_counts_exactly_what_torchtitan_builds(name, flavor):
 
 
 def test_gpt_oss_is_counted_but_for_its_attention_sinks_and_router_biases():
-    """ModelSpec has no field for gpt-oss's per-head attention sinks or its router biases."""
+    """ModelSpec has no field for gpt-oss's per-head attention sinks or its router biases. On CPU it keeps
+    FlexAttention (the sinks need the softmax normaliser): it plans anywhere and trains on GPU."""
+    from torchtitan.models.common.attention import FlexAttention
+
     from primus.backends.torchtitan.plan import model_spec_from_titan
 
-    from primus.backends.torchtitan.registry import RegistryModel, build as build_model
-
-    spec = build_model(RegistryModel(name="gpt_oss", flavor="20b"), "flex", _fail)  # sdpa is refused (below)
+    spec = build(name="gpt_oss", flavor="20b")
+    assert all(isinstance(layer.attention.inner_attention, FlexAttention.Config) for layer in spec.model.layers)
     layers, heads, experts = 24, 64, 32
     neutral = model_spec_from_titan(spec.model, "gpt_oss 20b")
     assert engine_count(spec) - neutral.total_params() == layers * (heads + experts)
@@ -99,7 +101,6 @@ def test_a_wrong_registry_block_is_one_error_naming_the_key(block, message):
     ({"name": "qwen3", "flavor": "8B", "n_layers": 99}, "model.n_layers: 99 is more than the 36 layers"),
     ({"name": "qwen3", "flavor": "8B", "num_experts": 8}, "model.num_experts: qwen3 8B has no MoE layers"),
     ({"name": "qwen3", "flavor": "debugmodel_moe", "top_k": 65}, "model.top_k: top_k 65 is more than the 64 experts"),
-    ({"name": "gpt_oss", "flavor": "debugmodel"}, "attn_backend: gpt_oss's attention sinks need flex or varlen"),
 ])
 def test_overrides_the_flavor_cannot_take_are_refused(block, message):
     with pytest.raises(ConfigError, match=message):
