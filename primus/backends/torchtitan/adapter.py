@@ -163,3 +163,9 @@ def _check_world_size(module: ModuleConfig, world_size: int, provenance: Provena
                             "data_parallel_shard_degree": shard}.items())
         raise ConfigError(f"{where}: {key}: {layout} does not fit the world size "
                           f"{world_size} (the degrees must multiply to it; shard -1 fills it)")
+    from primus.backends.torchtitan.config import expert_layout_problem  # [tt] EP inside dp_shard x cp x tp
+
+    problem = expert_layout_problem(parallel, world_size)
+    if problem:
+        key = f"modules.{module.name}.parallelism.expert_parallel_degree"
+        raise ConfigError(f"{provenance.describe(key) if provenance is not None else key}: {key}: {problem}")

@@ -246,6 +246,25 @@ def _check_parallelism(cfg: Any, spec: ModelSpec, ctx: BuildContext) -> None:
         _pipeline_microbatches(cfg, ctx)
 
 
+def expert_layout_problem(parallel: dict[str, Any], world_size: int) -> str | None:
+    """TorchTitan places the expert-parallel ranks inside data_parallel_shard x context x tensor (its
+    ``efsdp`` mesh is that product / EP): EP must divide it. None when it does."""
+    ep = parallel.get("expert_parallel_degree", 1)
+    if ep <= 1:
+        return None
+    tp, cp = parallel.get("tensor_parallel_degree", 1), parallel.get("context_parallel_degree", 1)
+    shard = parallel.get("data_parallel_shard_degree", -1)
+    if shard < 1:
+        outer = parallel.get("data_parallel_replicate_degree", 1) * parallel.get("pipeline_parallel_degree", 1)
+        shard = max(1, world_size // (outer * tp * cp))
+    inner = shard * cp * tp
+    if inner % ep == 0:
+        return None
+    return (f"{ep} does not divide data_parallel_shard x context x tensor = {shard} x {cp} x {tp} = {inner} ranks "
+            f"(world size {world_size}), inside which TorchTitan places the experts; run on {ep * cp * tp} ranks "
+            "or more, or lower it")
+
+
 def _pipeline_microbatches(cfg: Any, ctx: BuildContext) -> None:
     """Each pipeline stage needs a microbatch in flight: local_batch_size / microbatch_size >= stages
     (torch's 1F1B refuses fewer, the other schedules idle)."""

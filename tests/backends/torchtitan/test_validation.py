@@ -79,3 +79,23 @@ def test_train_refuses_before_writing_anything(run_primus, workspace):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "training.steps: 0 is out of range" in result.stderr
     assert not (workspace / "amd" / "root" / "bad").exists()
+
+
+def test_expert_parallelism_must_fit_inside_the_data_shards():
+    """TorchTitan builds the EP ranks inside data_parallel_shard x context x tensor; on 1 rank EP=2 would die
+    in the device mesh ("product of mesh_sizes ... is 0")."""
+    from primus.backends.torchtitan.patches import apply_patches
+
+    apply_patches()
+    from primus.config.resolve import resolve_experiment
+    from primus.runtime.adapter import ModuleConfig
+    from primus.runtime.registry import backend_defaults, get_adapter
+
+    example = TINY_EXAMPLE.with_name("deepseek_v3_tiny-moe-pretrain.yaml")
+    resolved = resolve_experiment(example, [], backend_defaults)
+    module = ModuleConfig.of(resolved.modules["pre_trainer"])
+    adapter = get_adapter("torchtitan")
+    assert adapter.plan(module, 2, resolved.provenance).layout.ep == 2
+    with pytest.raises(ConfigError, match=r"parallelism.expert_parallel_degree: 2 does not divide data_parallel_shard "
+                                          r"x context x tensor = 1 x 1 x 1 = 1 ranks \(world size 1\)"):
+        adapter.plan(module, 1, resolved.provenance)
