@@ -75,7 +75,19 @@ RANGES: dict[str, Range] = {
     "validator.freq": POSITIVE,
     "validator.steps": Range(ge=1, special={-1: "the whole validation set"}),
     "profiler.profile_freq": POSITIVE,
+    "profiler.profiler_repeat": POSITIVE,
+    "profiler.profiler_skip_first": NON_NEGATIVE,
+    "profiler.profiler_skip_first_wait": NON_NEGATIVE,
+    "profiler.profiler_active": POSITIVE,
+    "profiler.profiler_warmup": NON_NEGATIVE,
+    "profiler.memory_snapshot_freq": POSITIVE,
+    "profiler.memory_snapshot_max_entries": POSITIVE,
+    "comm.trace_buf_size": NON_NEGATIVE,
+    "validator.dataloader.num_workers": NON_NEGATIVE,
+    "validator.dataloader.prefetch_factor": POSITIVE,
 }
+# Numeric settings any value of their type is fine for (a test checks every numeric field is in one table).
+UNBOUNDED: dict[str, str] = {"debug.seed": "any integer: torch takes seeds modulo 2**64"}
 # Each optimizer param group's keyword arguments (``optimizer.param_groups[i].optimizer_kwargs``).
 OPTIMIZER_RANGES: dict[str, Range] = {"lr": Range(gt=0), "eps": Range(gt=0), "weight_decay": NON_NEGATIVE}
 

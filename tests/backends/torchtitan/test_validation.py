@@ -99,3 +99,34 @@ def test_expert_parallelism_must_fit_inside_the_data_shards():
     with pytest.raises(ConfigError, match=r"parallelism.expert_parallel_degree: 2 does not divide data_parallel_shard "
                                           r"x context x tensor = 1 x 1 x 1 = 1 ranks \(world size 1\)"):
         adapter.plan(module, 1, resolved.provenance)
+
+
+def test_every_numeric_setting_of_the_engine_has_a_range():
+    """Walks the installed TorchTitan's Trainer.Config: a new numeric field must be given a range here."""
+    import dataclasses
+    import typing
+
+    from primus.backends.torchtitan.patches import apply_patches
+
+    apply_patches()
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+    from torchtitan.trainer import Trainer
+
+    from primus.backends.torchtitan.ranges import RANGES, UNBOUNDED
+
+    def numeric(hint) -> bool:
+        if hint in (int, float):
+            return True
+        return typing.get_origin(hint) is not None and any(numeric(arg) for arg in typing.get_args(hint))
+
+    def fields(obj, prefix=""):
+        hints = typing.get_type_hints(type(obj))
+        for field in dataclasses.fields(obj):
+            value, key = getattr(obj, field.name), f"{prefix}{field.name}"
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                yield from fields(value, f"{key}.")
+            elif not field.name.startswith("_") and numeric(hints.get(field.name)):
+                yield key
+
+    found = set(fields(Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())))
+    assert len(found) > 30 and found - set(RANGES) - set(UNBOUNDED) == set()
