@@ -218,6 +218,21 @@ def _torch_step_lacks_presplit() -> bool:
     return "arg_mbs" not in inspect.signature(PipelineScheduleSingle.step).parameters
 
 
+def checkpoint_on_transient_group() -> None:
+    """TorchTitan's synchronous checkpoint save/load calls ``dcp.save``/``dcp.load`` on the default
+    process group. On a CPU host (gloo) with more than one intra-op thread, the plan gathers leave
+    an OpenMP thread pool in each gloo worker thread that copies them, and libgomp then throttles
+    every OpenMP worker's spin-wait for the rest of the run: steps after the first checkpoint took
+    ~2x as long (tiny demo, 2 cores). Each save/load now runs on its own gloo group, destroyed
+    right after, which takes the pools with it (root cause: ``primus/backends/dcp_group.py``).
+    Async modes keep the group TorchTitan gives them."""
+    import torchtitan.components.checkpointer.dcp as checkpointer
+
+    from primus.backends.dcp_group import route_dcp_through_transient_groups
+
+    route_dcp_through_transient_groups(checkpointer)
+
+
 def _triton_missing() -> bool:
     return importlib.util.find_spec("triton") is None
 
@@ -247,6 +262,8 @@ PATCHES = [
           _dtensor_lacks_cpu_rng, sharded_init_on_cpu),
     Patch("pipeline_presplit_microbatches", pipeline_presplit_microbatches.__doc__, "torchtitan",
           SpecifierSet(">=0.3,<0.4"), _torch_step_lacks_presplit, pipeline_presplit_microbatches),
+    Patch("checkpoint_on_transient_group", checkpoint_on_transient_group.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), _no_cuda, checkpoint_on_transient_group),
 ]
 
 _applied: list[str] = []
