@@ -6,7 +6,8 @@ pydantic's ``TypeAdapter``. Keys Primus consumes itself (``PRIMUS_KEYS``) never 
 engine.
 
 Primus conveniences on top of the native tree (documented in the README):
-- ``model``: the neutral Llama description (``ModelSpec``), turned into ``model_spec``;
+- ``model``: the neutral Llama description (``ModelSpec``, ``model.py``) or a model of TorchTitan's
+  registry by ``name``/``flavor`` (``registry.py``), turned into ``model_spec``;
 - ``attn_backend``: ``auto`` (SDPA on CPU, flex on GPU) | sdpa | flex | flex_flash | varlen;
 - ``optimizer.{name,lr,betas,eps,weight_decay}``: one catch-all param group;
 - ``activation_checkpoint.mode``: selective | full | memory_budget | none;

@@ -1,8 +1,9 @@
 """TorchTitan settings -> the backend-neutral (model, layout) pair ``primus plan`` estimates.
 
 A neutral ``model:`` block is already a ``ModelSpec``. A registry model (``model: {name, flavor}``)
-is read from the config tree TorchTitan itself builds, so the plan describes the very network
-the engine trains: dense or MoE layers, GQA or MLA attention, shared experts, MTP layers.
+is read from the config tree TorchTitan itself builds (``model_spec_from_titan``), so the plan
+describes the very network the engine trains: dense or MoE layers, GQA or MLA attention, shared
+experts, MTP layers. ``parallel_layout`` reads the parallelism settings.
 """
 from __future__ import annotations
 
@@ -81,31 +82,6 @@ def model_spec_from_titan(config: Any, family: str) -> ModelSpec:
             "moe_layer_freq": [int(getattr(layer, "moe", None) is not None) for layer in layers],
         })
     return ModelSpec(**fields)
-
-
-def neutral_model(block: dict[str, Any]) -> ModelSpec:
-    """``ModelSpec`` of a ``model:`` block, neutral or a TorchTitan registry model."""
-    from primus.backends.torchtitan.registry import is_registry_model
-
-    if not is_registry_model(block):
-        return ModelSpec(**block)
-    from primus.backends.torchtitan.patches import apply_patches
-
-    apply_patches()  # TorchTitan picks its device at import
-    from primus.backends.torchtitan.registry import RegistryModel, build
-    from primus.config.errors import ConfigError
-
-    def fail(key: str, message: str) -> ConfigError:
-        return ConfigError(f"{key}: {message}")
-
-    model = RegistryModel.model_validate(block)
-    spec = build(model, "flex", fail)
-    return model_spec_from_titan(spec.model, f"{model.name} {model.flavor}")
-
-
-def plan_inputs(params: dict[str, Any], world_size: int | None = None):
-    """(ModelSpec, ParallelLayout) of a module's TorchTitan settings."""
-    return neutral_model(params["model"]), parallel_layout(params, world_size)
 
 
 def parallel_layout(params: dict[str, Any], world_size: int | None = None):
