@@ -67,7 +67,7 @@ class TorchTitanAdapter(BackendAdapter):
         self.import_engine()
         register_local_datasets()
         from primus.backends.torchtitan.config import build_trainer_config
-        from primus.backends.torchtitan.plan import plan_inputs
+        from primus.backends.torchtitan.plan import parallel_layout
 
         prefix = f"modules.{module.name}"
         derived: list[tuple[str, Any, str]] = []
@@ -77,7 +77,7 @@ class TorchTitanAdapter(BackendAdapter):
         _check_dataset(cfg, prefix, provenance)
         if world_size is not None:
             _check_world_size(module, world_size, provenance)
-        _, layout = plan_inputs(params, world_size)
+        layout = parallel_layout(params, world_size)  # [tt] the model is `spec`, built once above
         plan = EnginePlan(module, world_size, cfg, CheckpointSpec(Path(cfg.dump_folder) / cfg.checkpoint.folder),
                           spec, layout, flops_per_token=flops_per_token(spec, cfg.training.seq_len))
         for key, value, reason in [*derived, *more]:
@@ -168,3 +168,9 @@ def _check_world_size(module: ModuleConfig, world_size: int, provenance: Provena
                             "data_parallel_shard_degree": shard}.items())
         raise ConfigError(f"{where}: {key}: {layout} does not fit the world size "
                           f"{world_size} (the degrees must multiply to it; shard -1 fills it)")
+    from primus.backends.torchtitan.config import expert_layout_problem  # [tt] EP inside dp_shard x cp x tp
+
+    problem = expert_layout_problem(parallel, world_size)
+    if problem:
+        key = f"modules.{module.name}.parallelism.expert_parallel_degree"
+        raise ConfigError(f"{provenance.describe(key) if provenance is not None else key}: {key}: {problem}")

@@ -6,7 +6,8 @@ pydantic's ``TypeAdapter``. Keys Primus consumes itself (``PRIMUS_KEYS``) never 
 engine.
 
 Primus conveniences on top of the native tree (documented in the README):
-- ``model``: the neutral Llama description (``ModelSpec``), turned into ``model_spec``;
+- ``model``: the neutral Llama description (``ModelSpec``, ``model.py``) or a model of TorchTitan's
+  registry by ``name``/``flavor`` (``registry.py``), turned into ``model_spec``;
 - ``attn_backend``: ``auto`` (SDPA on CPU, flex on GPU) | sdpa | flex | flex_flash | varlen;
 - ``optimizer.{name,lr,betas,eps,weight_decay}``: one catch-all param group;
 - ``activation_checkpoint.mode``: selective | full | memory_budget | none;
@@ -28,6 +29,7 @@ from primus.plan.model import ModelSpec
 from primus.config.provenance import Provenance
 from primus.config.schema import validate_model
 from primus.backends.torchtitan.model import ATTENTION_BACKENDS, build_model_spec
+from primus.backends.torchtitan.ranges import check_ranges, non_finite_numbers
 
 PRIMUS_KEYS = ("model", "attn_backend", "primus")
 OWNED_BY_PRIMUS = {"dump_folder": "the run directory", "model_spec": "the `model:` preset"}
@@ -39,7 +41,7 @@ class _OptimizerShortcuts(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "AdamW"
-    lr: float = Field(gt=0)
+    lr: float = Field(gt=0, allow_inf_nan=False)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.1, ge=0)
@@ -69,10 +71,18 @@ def _hints(cls: type) -> dict[str, Any]:
         return {}
 
 
+def _accepts_bool(hint: Any) -> bool:
+    if hint in (bool, Any):
+        return True
+    return any(_accepts_bool(arg) for arg in typing.get_args(hint)) if typing.get_origin(hint) else False
+
+
 def _check_type(cls: type, name: str, value: Any, ctx: BuildContext, key: str) -> Any:
     hint = _hints(cls).get(name)
     if hint is None:
         return value
+    if isinstance(value, bool) and not _accepts_bool(hint):  # pydantic's lax mode reads true as 1
+        raise ctx.fail(key, f"{str(value).lower()} is a boolean; expected {getattr(hint, '__name__', hint)}")
     from pydantic import TypeAdapter, ValidationError
 
     try:
@@ -101,12 +111,28 @@ def apply_tree(obj: Any, data: dict[str, Any], ctx: BuildContext, path: str = ""
             setattr(obj, name, _check_type(type(obj), name, copy.deepcopy(value), ctx, key))
 
 
-def _model_spec(params: dict[str, Any], ctx: BuildContext) -> ModelSpec:
+def _model(params: dict[str, Any], attn: str, ctx: BuildContext):
+    """``(TorchTitan ModelSpec, neutral ModelSpec)`` of the ``model:`` block: the neutral Llama
+    keys, or a model of TorchTitan's registry by ``name`` and ``flavor`` (``registry.py``)."""
+    from primus.backends.torchtitan import registry
+    from primus.backends.torchtitan.plan import model_spec_from_titan
+
     if "model" not in params:
         raise ctx.fail("model", "missing: set `model:` in the experiment (a model preset such as llama3_tiny.yaml)")
-    if not isinstance(params["model"], dict):
-        raise ctx.fail("model", "must be a mapping of the neutral Llama keys (n_layers, dim, ...)")
-    return validate_model(ModelSpec, params["model"], ctx.provenance or Provenance(), f"{ctx.prefix}.model")
+    block = params["model"]
+    if not isinstance(block, dict):
+        raise ctx.fail("model", "must be a mapping: the neutral Llama keys (n_layers, dim, ...) or a TorchTitan "
+                                "registry model (name, flavor)")
+    if not registry.is_registry_model(block):
+        spec = validate_model(ModelSpec, block, ctx.provenance or Provenance(), f"{ctx.prefix}.model")
+        return build_model_spec(spec, attn), spec
+    model = registry.parse(block, registry.validator(ctx.provenance, ctx.prefix), ctx.fail)
+    titan = registry.build(model, attn, ctx.fail)
+    if attn == "sdpa" and registry.has_attention_sinks(titan.model):
+        ctx.derived.append(("attn_backend", "flex", f"{model.name}'s attention sinks need the softmax normaliser, "
+                            "which SDPA does not return; FlexAttention has no CPU backward in torch 2.13, so this "
+                            "model trains on GPU only"))
+    return titan, model_spec_from_titan(titan.model, f"{model.name} {model.flavor}")
 
 
 def _attn_backend(params: dict[str, Any], device: str, ctx: BuildContext) -> str:
@@ -178,13 +204,14 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
     from torchtitan.trainer import Trainer
 
     ctx = BuildContext(provenance, prefix)
+    for key in non_finite_numbers(params):
+        raise ctx.fail(key, "is not a finite number (NaN and infinity are never meaningful settings)")
     for key, owner in OWNED_BY_PRIMUS.items():
         if key in params:
             raise ctx.fail(key, f"is set by Primus ({owner}); remove it")
-    spec = _model_spec(params, ctx)
     attn = _attn_backend(params, device, ctx)
     cfg = Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())
-    cfg.model_spec = build_model_spec(spec, attn)
+    cfg.model_spec, spec = _model(params, attn, ctx)
     cfg.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=spec.vocab_size))
     native = {k: v for k, v in params.items() if k not in PRIMUS_KEYS}
     if isinstance(native.get("optimizer"), dict):
@@ -194,14 +221,69 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         if cfg.activation_checkpoint is None:
             native.pop("activation_checkpoint")
     apply_tree(cfg, native, ctx)
+    check_ranges(cfg, ctx.fail)
+    _check_parallelism(cfg, spec, ctx)
+    _derive_run_paths(cfg, run_dir, ctx)
+    if device != "cuda":
+        _derive_cpu_settings(cfg, ctx)  # before the engine's checks: e.g. CUDA graphs are refused with EP
     try:
         cfg.__post_init__()  # the engine's own cross-field invariants, on the final values
     except ValueError as exc:
         raise ConfigError(f"{ctx.where('training')}: {ctx.prefix}: {exc}") from None
-    _derive_run_paths(cfg, run_dir, ctx)
-    if device != "cuda":
-        _derive_cpu_settings(cfg, ctx)
     return cfg, spec, ctx.derived
+
+
+def _check_parallelism(cfg: Any, spec: ModelSpec, ctx: BuildContext) -> None:
+    """What the layout needs from the model and the batch, said before any rank starts."""
+    parallel = cfg.parallelism
+    ep = parallel.expert_parallel_degree
+    if ep > 1 and not spec.is_moe:
+        raise ctx.fail("parallelism.expert_parallel_degree",
+                       f"{ep}, but the model ({spec.family}) has no experts: expert parallelism needs an MoE model "
+                       "(e.g. model: {name: deepseek_v3, flavor: debugmodel}); set it to 1")
+    if ep > 1 and spec.n_experts % ep:
+        raise ctx.fail("parallelism.expert_parallel_degree", f"{ep} does not divide the {spec.n_experts} experts")
+    if parallel.pipeline_parallel_degree > 1:
+        _pipeline_microbatches(cfg, ctx)
+
+
+def expert_layout_problem(parallel: dict[str, Any], world_size: int) -> str | None:
+    """TorchTitan places the expert-parallel ranks inside data_parallel_shard x context x tensor (its
+    ``efsdp`` mesh is that product / EP): EP must divide it. None when it does."""
+    ep = parallel.get("expert_parallel_degree", 1)
+    if ep <= 1:
+        return None
+    tp, cp = parallel.get("tensor_parallel_degree", 1), parallel.get("context_parallel_degree", 1)
+    shard = parallel.get("data_parallel_shard_degree", -1)
+    if shard < 1:
+        outer = parallel.get("data_parallel_replicate_degree", 1) * parallel.get("pipeline_parallel_degree", 1)
+        shard = max(1, world_size // (outer * tp * cp))
+    inner = shard * cp * tp
+    if inner % ep == 0:
+        return None
+    return (f"{ep} does not divide data_parallel_shard x context x tensor = {shard} x {cp} x {tp} = {inner} ranks "
+            f"(world size {world_size}), inside which TorchTitan places the experts; run on {ep * cp * tp} ranks "
+            "or more, or lower it")
+
+
+def _pipeline_microbatches(cfg: Any, ctx: BuildContext) -> None:
+    """Each pipeline stage needs a microbatch in flight: local_batch_size / microbatch_size >= stages
+    (torch's 1F1B refuses fewer, the other schedules idle)."""
+    parallel, batch = cfg.parallelism, cfg.training.local_batch_size
+    size, stages = parallel.pipeline_parallel_microbatch_size, parallel.pipeline_parallel_degree
+    if batch % size:
+        raise ctx.fail("parallelism.pipeline_parallel_microbatch_size",
+                       f"{size} does not divide training.local_batch_size ({batch})")
+    count = batch // size
+    if count < stages:
+        key, fix = (("parallelism.pipeline_parallel_microbatch_size",
+                     f"set parallelism.pipeline_parallel_microbatch_size to {batch // stages} or less")
+                    if batch >= stages else
+                    ("training.local_batch_size", f"raise training.local_batch_size to {stages * size} or more"))
+        raise ctx.fail(key, f"{count} pipeline microbatch(es) of {size} for {stages} stages: every stage needs "
+                            f"one; {fix}")
+    ctx.derived.append(("pipeline microbatches", count, f"training.local_batch_size {batch} / "
+                        f"parallelism.pipeline_parallel_microbatch_size {size}, for {stages} stages"))
 
 
 def _derive_run_paths(cfg: Any, run_dir: Path, ctx: BuildContext) -> None:

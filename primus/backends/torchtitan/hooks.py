@@ -5,7 +5,9 @@ construct, and its own experiments subclass ``Trainer``, ``MetricsProcessor`` an
 managers (the managers document ``_should_save`` as the hook to override). So:
 
 - ``PrimusMetricsProcessor.log`` keeps the step's global loss, grad norm and LR;
-- ``PrimusTrainer.train_step`` times the step and reports it (``RunContext.report_step``);
+- ``PrimusTrainer.train_step`` times the step and reports it (``RunContext.report_step``), with the
+  loss of the last pipeline stage, the MoE load balance and TorchTitan's own non-finite-loss stop
+  made uniform (``steps.py``);
 - a stop request (SIGTERM) makes ``PrimusCheckpointManager`` save this step whatever the interval,
   and ``PrimusTrainer.should_continue_training`` end the loop after it.
 """
@@ -20,6 +22,7 @@ from torchtitan.components.checkpointer.dcp import CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
+from primus.backends.torchtitan.steps import ExpertLoad, engine_non_finite_loss, global_loss
 from primus.runtime.metrics import StepReport
 
 
@@ -63,6 +66,7 @@ class PrimusTrainer(Trainer):
 
     def attach(self, ctx: Any, flops_per_token: float | None) -> None:
         self.ctx, self.flops_per_token = ctx, flops_per_token
+        self.expert_load = ExpertLoad(self.model_parts)
 
     @property
     def tokens_per_step(self) -> int:
@@ -74,17 +78,26 @@ class PrimusTrainer(Trainer):
 
     def train_step(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        result = super().train_step(*args, **kwargs)
+        tokens = self.tokens_per_step
+        samples = tokens // self.config.training.seq_len
+        try:
+            result = super().train_step(*args, **kwargs)
+        except RuntimeError as error:  # TorchTitan's own stop on a non-finite loss, before it logs the step:
+            loss = engine_non_finite_loss(error)  # record it and end as every backend does (NonFiniteLoss)
+            if loss is None:
+                raise
+            self.ctx.report_step(StepReport(step=self.step, loss=loss, step_time_s=time.perf_counter() - start,
+                                            samples=samples, tokens=tokens))
+            raise
         elapsed = time.perf_counter() - start
         step = getattr(self.metrics_processor, "primus_step", None)
         if step is not None:
             self.metrics_processor.primus_step = None
-            tokens = self.tokens_per_step
             self.ctx.report_step(StepReport(
-                step=self.step, loss=step["loss"], step_time_s=elapsed,
-                samples=tokens // self.config.training.seq_len, tokens=tokens,
+                step=self.step, loss=global_loss(self, step["loss"]), step_time_s=elapsed,
+                samples=samples, tokens=tokens,
                 flops=self.flops_per_token * tokens if self.flops_per_token else None,
-                lr=step["lr"], grad_norm=step["grad_norm"]))
+                lr=step["lr"], grad_norm=step["grad_norm"], extra=self.expert_load.extra()))
         if self.step < self.config.training.steps and self.ctx.should_stop():
             self.stopping = True
             if isinstance(self.checkpointer, PrimusCheckpointManager):

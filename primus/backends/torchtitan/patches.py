@@ -141,6 +141,83 @@ def gloo_sum_reduction() -> None:
     fsdp.disable_fsdp_gradient_division = disable_division_with_sum
 
 
+def sharded_init_on_cpu() -> None:
+    """On a CPU device mesh DTensor has no RNG tracker (torch ``distributed/tensor/_random.py``:
+    ``is_rng_supported_mesh`` is False because ``torch.cpu`` has no ``set_rng_state``; the only
+    sign is a warning). TorchTitan's ``Module._init_param`` then runs each initialiser on every
+    rank's *local* shard with the same seed, so the shards of every FSDP/TP/EP-sharded parameter
+    come out identical across ranks (expert i == expert i+E/2, duplicated router rows, repeated
+    FSDP halves). Initialise the full tensor instead (every rank draws the same stream, no
+    communication) and keep this rank's slice: the result equals the 1-rank initialisation."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torchtitan.models.common.param_init import skip_param_init
+    from torchtitan.protocols.module import Module
+
+    original = Module._init_param
+    if getattr(original, "_primus_patched", False):
+        return
+
+    def init_full_then_slice(self, name: str, param) -> None:
+        initialiser = (self._param_init or {}).get(name)
+        if (not isinstance(param, DTensor) or param.device_mesh.device_type != "cpu"
+                or initialiser is None or initialiser is skip_param_init):
+            return original(self, name, param)
+        full = torch.empty(param.shape, dtype=param.dtype, device="cpu")
+        initialiser(full)
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        with torch.no_grad():
+            param.to_local().copy_(local)
+
+    init_full_then_slice._primus_patched = True
+    Module._init_param = init_full_then_slice
+
+
+PRESPLIT_KEYWORDS = ("arg_mbs", "kwarg_mbs", "target_mbs")
+
+
+def pipeline_presplit_microbatches() -> None:
+    """TorchTitan 0.3.0 hands its pipeline schedule microbatches it has already split
+    (``schedule.step(arg_mbs=..., kwarg_mbs=..., target_mbs=...)``), an API of newer torch;
+    torch 2.13's ``step(*args, **kwargs)`` takes those lists for model inputs and fails
+    ("Expecting 4 arg_mbs but got 1", then ``Decoder.forward() got an unexpected keyword
+    argument 'arg_mbs'``). torch 2.13 already runs pre-split microbatches in
+    ``_step_microbatches``; route such calls there, with the bookkeeping ``step`` does."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+
+    for schedule_class in (PipelineScheduleSingle, PipelineScheduleMulti):
+        original = schedule_class.step
+        if getattr(original, "_primus_patched", False):
+            continue
+
+        def step(self, *args, _whole_batch_step=original, **kwargs):
+            if not any(key in kwargs for key in PRESPLIT_KEYWORDS):
+                return _whole_batch_step(self, *args, **kwargs)
+            microbatches = [kwargs.pop(key, None) for key in PRESPLIT_KEYWORDS]
+            losses, loss_kwargs = kwargs.pop("losses", None), kwargs.pop("loss_kwargs", None)
+            return_outputs = kwargs.pop("return_outputs", True)
+            if args or kwargs:
+                raise TypeError(f"pre-split pipeline step takes no other inputs, got {sorted(kwargs) or 'args'}")
+            stages = getattr(self, "_stages", None) or [self._stage]
+            for stage in stages:
+                stage.has_backward = self._has_backward
+                stage.clear_runtime_states()
+            self._step_microbatches(*microbatches, losses, return_outputs, loss_kwargs=loss_kwargs)
+            last = [stage for stage in stages if stage.is_last]
+            return self._merge_outputs(last[0].output_chunks) if last and return_outputs else None
+
+        step._primus_patched = True
+        schedule_class.step = step
+
+
+def _torch_step_lacks_presplit() -> bool:
+    import inspect
+
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    return "arg_mbs" not in inspect.signature(PipelineScheduleSingle.step).parameters
+
+
 def checkpoint_on_transient_group() -> None:
     """TorchTitan's synchronous checkpoint save/load calls ``dcp.save``/``dcp.load`` on the default
     process group. On a CPU host (gloo) with more than one intra-op thread, the plan gathers leave
@@ -166,6 +243,12 @@ def _torch_lacks_set_timeout() -> bool:
     return not hasattr(dist, "set_timeout")
 
 
+def _dtensor_lacks_cpu_rng() -> bool:
+    import torch
+
+    return _no_cuda() and not hasattr(torch.cpu, "set_rng_state")
+
+
 PATCHES = [
     Patch("cpu_device_type", cpu_device_type.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"), _no_cuda,
           cpu_device_type),
@@ -175,6 +258,10 @@ PATCHES = [
           _torch_lacks_set_timeout, set_timeout_alias),
     Patch("gloo_sum_reduction", gloo_sum_reduction.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"), _no_cuda,
           gloo_sum_reduction),
+    Patch("sharded_init_on_cpu", sharded_init_on_cpu.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
+          _dtensor_lacks_cpu_rng, sharded_init_on_cpu),
+    Patch("pipeline_presplit_microbatches", pipeline_presplit_microbatches.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), _torch_step_lacks_presplit, pipeline_presplit_microbatches),
     Patch("checkpoint_on_transient_group", checkpoint_on_transient_group.__doc__, "torchtitan",
           SpecifierSet(">=0.3,<0.4"), _no_cuda, checkpoint_on_transient_group),
 ]

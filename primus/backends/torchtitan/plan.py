@@ -1,4 +1,10 @@
-"""TorchTitan settings -> the backend-neutral (model, layout) pair ``primus plan`` estimates."""
+"""TorchTitan settings -> the backend-neutral (model, layout) pair ``primus plan`` estimates.
+
+A neutral ``model:`` block is already a ``ModelSpec``. A registry model (``model: {name, flavor}``)
+is read from the config tree TorchTitan itself builds (``model_spec_from_titan``), so the plan
+describes the very network the engine trains: dense or MoE layers, GQA or MLA attention, shared
+experts, MTP layers. ``parallel_layout`` reads the parallelism settings.
+"""
 from __future__ import annotations
 
 import os
@@ -15,13 +21,75 @@ def _world_size(given: int | None = None) -> int:
     return int(os.environ.get("GPUS_PER_NODE", "1")) * int(os.environ.get("NNODES", "1"))
 
 
-def plan_inputs(params: dict[str, Any], world_size: int | None = None):
-    """(ModelSpec, ParallelLayout). ``data_parallel_shard_degree: -1`` fills the world
-    (``world_size`` when the launcher knows it, else ``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``,
-    else 1), as TorchTitan does at start-up."""
+def _attention_fields(attention: Any) -> dict[str, Any]:
+    if hasattr(attention, "kv_lora_rank"):  # multi-latent attention (DeepSeek)
+        return {
+            "n_heads": attention.n_heads,
+            "q_lora_rank": attention.q_lora_rank or None,  # 0: queries projected directly
+            "kv_lora_rank": attention.kv_lora_rank,
+            "qk_nope_head_dim": attention.qk_nope_head_dim,
+            "qk_rope_head_dim": attention.qk_rope_head_dim,
+            "v_head_dim": attention.v_head_dim,
+            "head_dim": attention.qk_nope_head_dim + attention.qk_rope_head_dim,
+            "qk_norm": True,  # TorchTitan's MLA always normalises its latents (kv_norm; q_norm with q LoRA)
+        }
+    qkv = attention.qkv_linear
+    projection = getattr(qkv, "wqkv", None) or getattr(qkv, "wq", None)
+    return {
+        "n_heads": qkv.n_heads,
+        "n_kv_heads": qkv.n_kv_heads,
+        "head_dim": qkv.head_dim,
+        "qkv_bias": bool(projection is not None and projection.bias),
+        "linear_bias": bool(attention.wo.bias),  # gpt-oss: every linear has a bias (its experts' too)
+        "qk_norm": getattr(attention, "qk_norm", None) is not None,
+    }
+
+
+def _rope_fields(rope: Any) -> dict[str, Any]:
+    if rope is None:
+        return {}
+    return {"rope_theta": float(rope.theta), "max_seq_len": rope.max_seq_len,
+            "rope_scaling": "llama" if rope.scaling == "llama" else None}
+
+
+def model_spec_from_titan(config: Any, family: str) -> ModelSpec:
+    """The neutral description of a TorchTitan decoder config (``ModelSpec.model``)."""
+    layers = list(config.layers)
+    first = layers[0]
+    moe_layers = [layer.moe for layer in layers if getattr(layer, "moe", None) is not None]
+    dense_layers = [layer.feed_forward for layer in layers if getattr(layer, "feed_forward", None) is not None]
+    fields: dict[str, Any] = {
+        "family": family,
+        "n_layers": len(layers),
+        "dim": config.dim,
+        "vocab_size": config.vocab_size,
+        "norm_eps": first.attention_norm.eps,
+        "tie_embeddings": bool(getattr(config, "enable_weight_tying", False)),
+        "mtp_layers": len(getattr(config, "mtp_layers", None) or []),
+        **_attention_fields(first.attention),
+        **_rope_fields(getattr(first.attention, "rope", None)),
+    }
+    if dense_layers:
+        fields["ffn_hidden_size"] = dense_layers[0].w1.out_features
+    if moe_layers:
+        moe = moe_layers[0]
+        shared = moe.shared_experts
+        fields.update({
+            "n_experts": moe.num_experts,
+            "top_k": moe.router.top_k,
+            "moe_ffn_hidden_size": moe.routed_experts.inner_experts.hidden_dim,
+            "shared_expert_ffn_hidden_size": shared.w1.out_features if shared is not None else 0,
+            "moe_layer_freq": [int(getattr(layer, "moe", None) is not None) for layer in layers],
+        })
+    return ModelSpec(**fields)
+
+
+def parallel_layout(params: dict[str, Any], world_size: int | None = None):
+    """The ``ParallelLayout``. ``data_parallel_shard_degree: -1`` fills the world (``world_size``
+    when the launcher knows it, else ``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``, else 1), as
+    TorchTitan does at start-up."""
     from primus.plan.layout import ParallelLayout
 
-    model = ModelSpec(**params["model"])
     training = params.get("training") or {}
     parallel = params.get("parallelism") or {}
     tp = parallel.get("tensor_parallel_degree", 1)
@@ -33,8 +101,8 @@ def plan_inputs(params: dict[str, Any], world_size: int | None = None):
         shard = max(1, _world_size(world_size) // (tp * pp * cp * replicate))
     mode = (params.get("activation_checkpoint") or {}).get("mode", "selective")
     global_batch = training.get("global_batch_size", -1)
-    return model, ParallelLayout(
-        tp=tp, pp=pp, cp=cp, dp=replicate * shard,
+    return ParallelLayout(
+        tp=tp, pp=pp, cp=cp, dp=replicate * shard, ep=parallel.get("expert_parallel_degree", 1),
         micro_batch_size=training.get("local_batch_size", 8),
         global_batch_size=global_batch if global_batch and global_batch > 0 else None,
         seq_len=training.get("seq_len", 2048),

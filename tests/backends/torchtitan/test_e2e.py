@@ -1,5 +1,6 @@
 """End to end through `primus train`: the real TorchTitan Trainer, a tiny model, a few steps."""
 import json
+import math
 import re
 
 import pytest
@@ -90,4 +91,32 @@ def test_a_failing_rank_fails_the_job_and_logs_its_error(run_primus, workspace):
     run_dir = _run_dir(workspace, "broken")
     error_log = (run_dir / "logs" / "pre_trainer" / "rank-1" / "error.log").read_text()
     assert "InjectedFault: injected failure on rank 1 at step 2" in error_log
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_two_pipeline_stages(run_primus, workspace):
+    """PP=2 on 2 ranks: 4 microbatches of 1 (local_batch_size 4), the loss from the last stage."""
+    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=pp", "training.steps=8",
+                        "checkpoint.enable=false", "parallelism.pipeline_parallel_degree=2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    losses = [r["loss"] for r in _metrics(_run_dir(workspace, "pp"))]
+    assert len(losses) == 8 and min(losses) > 0 and losses[-1] < 0.6 * losses[0], losses  # not TorchTitan's -1
+    assert "derived pipeline microbatches=4" in result.stdout
+
+
+def test_a_non_finite_loss_stops_the_run_before_its_checkpoint(run_primus, workspace):
+    """TorchTitan stops on a non-finite loss inside train_step, after the optimizer step and before the
+    step's checkpoint save; Primus records that step and ends the run with one line (exit 1)."""
+    result = run_primus("train", TINY_EXAMPLE, "exp_name=nan", "optimizer.lr=1.0e+6", "training.steps=8",
+                        "checkpoint.interval=1")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "non-finite loss (" in lines[0], result.stderr
+    run_dir = _run_dir(workspace, "nan")
+    rows = _metrics(run_dir)
+    bad = rows[-1]["step"]
+    assert not math.isfinite(rows[-1]["loss"]) and all(math.isfinite(r["loss"]) for r in rows[:-1])
+    assert f"at step {bad}" in lines[0]
+    saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").iterdir())
+    assert saved == list(range(1, bad))  # every step before it, none of the NaN state
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"

@@ -16,7 +16,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_patches_are_named_gated_and_explained():
     names = [p.name for p in PATCHES]
     assert names == ["cpu_device_type", "triton_import_stub", "set_timeout_alias", "gloo_sum_reduction",
-                     "checkpoint_on_transient_group"]
+                     "sharded_init_on_cpu", "pipeline_presplit_microbatches", "checkpoint_on_transient_group"]
     for patch in PATCHES:
         assert patch.why and str(patch.versions) and patch.applies() in (True, False)
 
@@ -94,3 +94,44 @@ def test_gloo_sum_reduction(tmp_path, mode, ok):
     assert (result.returncode == 0) is ok, result.stderr[-2000:]
     if not ok:
         assert "PREMUL_SUM" in result.stderr  # the upstream failure this patch exists for
+
+
+PRESPLIT_STEP = """
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+if sys.argv[1] == "patched":
+    from primus.backends.torchtitan.patches import pipeline_presplit_microbatches
+    pipeline_presplit_microbatches()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+stage = PipelineStage(model, stage_index=0, num_stages=1, device=torch.device("cpu"))
+schedule = Schedule1F1B(stage, n_microbatches=2, loss_fn=lambda out, target: ((out - target) ** 2).mean())
+x, y = torch.randn(2, 3, 4), torch.randn(2, 3, 1)
+losses = []
+schedule.step(arg_mbs=[(x[0],), (x[1],)], kwarg_mbs=[{}, {}], target_mbs=[y[0], y[1]], losses=losses)  # TorchTitan 0.3.0's call
+expected = [float(((model(x[i]) - y[i]) ** 2).mean()) for i in range(2)]
+print("losses", [round(float(l), 6) for l in losses] == [round(e, 6) for e in expected], flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode, ok", [("bare", False), ("patched", True)])
+def test_pipeline_presplit_microbatches(tmp_path, mode, ok):
+    from primus.backends.torchtitan.patches import _torch_step_lacks_presplit
+
+    if not _torch_step_lacks_presplit():
+        pytest.skip("this torch's pipeline schedules take pre-split microbatches")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "pp.py"
+    script.write_text(PRESPLIT_STEP)
+    result = subprocess.run([sys.executable, str(script), mode, str(port)], capture_output=True, text=True, timeout=120)
+    if ok:
+        assert result.returncode == 0 and "losses True" in result.stdout, result.stderr[-2000:]
+    else:
+        assert result.returncode != 0 and "arg_mbs" in result.stderr  # the upstream failure
