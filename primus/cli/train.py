@@ -58,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="refuse to touch an existing run directory")
     parser.add_argument("--dry-run", action="store_true", help="print what would run (command lines or the "
                                                                "sbatch script) and exit")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show engine warnings and third-party progress bars on the console "
+                             "(they are always in logs/.../warning.log, debug.log)")
     add_launcher_flags(parser, train=True)
     parser.set_defaults(handler=_train, accepts_overrides=True)
 
@@ -73,6 +76,10 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.runtime.registry import backend_defaults
     from primus.runtime.rundir import decide_resume, run_dir_of
 
+    if args.verbose:
+        import os
+
+        os.environ["PRIMUS_VERBOSE"] = "1"  # read by every rank's log setup (primus.logs.setup)
     overrides, sbatch_extra = executors.split_passthrough(extras, sys.argv[1:])
     config, _ = executors.launcher_from_args(args)
     executor = config.resolved_executor()
@@ -84,7 +91,7 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
         return run_training_job(resolved, module, plan_from_config(config), resume=args.resume,
                                 dry_run=args.dry_run, argv=["primus", *sys.argv[1:]])
 
-    passthrough = [*(["--module", args.module] if args.module else []),
+    passthrough = [*(["--module", args.module] if args.module else []), *(["--verbose"] if args.verbose else []),
                    *({"always": ["--resume"], "never": ["--no-resume"]}.get(args.resume, []))]
     request = executors.NodeRequest("train", [str(Path(args.exp).absolute())], overrides, passthrough,
                                     args.launcher_config)

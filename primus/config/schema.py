@@ -1,7 +1,7 @@
 """The Primus-level experiment schema (pydantic), and pydantic errors as one-line messages."""
 from __future__ import annotations
 
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -11,11 +11,36 @@ from primus.config.provenance import Provenance
 _PATH_SAFE = r"^[A-Za-z0-9_.@+\-]+$"
 
 
+class WandbSpec(BaseModel):
+    """``logging.wandb``: Weights & Biases for any backend (Megatron-LM's ``wandb_*`` keys map here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str | None = None  # set (here or as wandb_project) to turn W&B on
+    entity: str | None = None
+    name: str | None = None  # default: exp_name
+    dir: str | None = None  # default: {run_dir}/wandb
+    mode: Literal["online", "offline", "disabled"] | None = None  # default: wandb's own ($WANDB_MODE)
+    tags: list[str] = Field(default_factory=list)
+
+
+class MlflowSpec(BaseModel):
+    """``logging.mlflow``: MLflow for any backend (AMD Primus' ``mlflow_*`` keys map here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str | None = None  # default: $MLFLOW_TRACKING_URI, else a file store in {run_dir}/mlruns
+    experiment_name: str | None = None  # default: work_group/user_name
+    run_name: str | None = None  # default: exp_name
+
+
 class LoggingSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     console_ranks: list[int] = Field(default_factory=lambda: [0], description="ranks that print INFO")
     level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="console level")
+    wandb: WandbSpec | None = None
+    mlflow: MlflowSpec | None = None
 
 
 class ModuleSpec(BaseModel):

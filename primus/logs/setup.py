@@ -2,12 +2,17 @@
 
 Each file holds its level and above from this rank; the engines' loggers and Python
 warnings propagate to the root logger and land in the same files. The console shows
-Primus INFO from the chosen ranks (default rank 0) and WARNING+ from every rank, so an
-N-rank job never prints N copies of the same banner.
+Primus' own lines: INFO from the chosen ranks (default rank 0), WARNING+ from every rank,
+so an N-rank job never prints N copies of the same banner. Engine warnings (any logger
+outside ``primus``, Python warnings) stay in the files and are counted: the run ends with
+one line saying how many and where (``engine_warning_summary``). Engine errors still show.
+Third-party progress bars (Hugging Face datasets/hub) are off. ``verbose`` (``primus train
+--verbose``, ``PRIMUS_VERBOSE=1``) puts engine warnings and progress bars back on the console.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -53,23 +58,78 @@ class _LogFile(logging.FileHandler):
             print(f"primus: cannot write log file {self.baseFilename}: {error}", file=sys.stderr)
 
 
-class _ConsoleFilter(logging.Filter):
-    """INFO for Primus' own loggers on console ranks; engines' INFO stays in the files."""
+def _is_primus(record: logging.LogRecord) -> bool:
+    return record.name == "primus" or record.name.startswith("primus.")
 
-    def __init__(self, show_info: bool):
+
+class _ConsoleFilter(logging.Filter):
+    """Primus' INFO on console ranks and its warnings everywhere; engines' errors; engines'
+    warnings only when ``verbose`` (otherwise counted, for the end-of-run line)."""
+
+    def __init__(self, show_info: bool, verbose: bool):
         super().__init__()
-        self.show_info = show_info
+        self.show_info, self.verbose = show_info, verbose
+        self.engine_warnings = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING:
+        if _is_primus(record):
+            return record.levelno >= logging.WARNING or self.show_info
+        if record.levelno >= logging.ERROR:
             return True
-        return self.show_info and record.name.startswith("primus")
+        if record.levelno >= logging.WARNING:
+            self.engine_warnings += 1
+            return self.verbose
+        return False
+
+
+_console_filter: _ConsoleFilter | None = None
+_warning_log: Path | None = None
+
+
+def verbose_from_env() -> bool:
+    return os.environ.get("PRIMUS_VERBOSE", "") not in ("", "0", "false", "False")
+
+
+def quiet_progress_bars() -> None:
+    """Hugging Face datasets/hub draw tqdm bars on stderr ("Generating train split"); their
+    documented switches turn them off, for libraries imported later (env) and earlier (API)."""
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "datasets" in sys.modules:
+        from datasets.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars as hub_disable
+
+        hub_disable()
+
+
+def engine_warning_summary() -> str | None:
+    """``N engine warnings → {warning.log}`` for this rank, or None when there were none or they
+    were shown (verbose)."""
+    if _console_filter is None or _console_filter.verbose or not _console_filter.engine_warnings:
+        return None
+    n = _console_filter.engine_warnings
+    return f"{n} engine warning{'s' if n != 1 else ''} → {_display_path(_warning_log)} (--verbose shows them)"
+
+
+def _display_path(path: Path | None) -> str:
+    if path is None:
+        return "warning.log"
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def setup_logging(log_root: Path, module: str, rank: int, world_size: int, *,
                   console_ranks: list[int] | None = None, console_level: str = "INFO",
-                  secrets: list[str] | None = None) -> logging.Logger:
-    """Install file and console handlers on the root logger; return the module's logger."""
+                  secrets: list[str] | None = None, verbose: bool | None = None) -> logging.Logger:
+    """Install file and console handlers on the root logger; return the module's logger.
+    ``verbose`` None: from ``$PRIMUS_VERBOSE``."""
+    global _console_filter, _warning_log
+    verbose = verbose_from_env() if verbose is None else verbose
     rank_dir = log_root / module / f"rank-{rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
     formatter = PrimusFormatter(rank, world_size, module, secrets)
@@ -85,9 +145,13 @@ def setup_logging(log_root: Path, module: str, rank: int, world_size: int, *,
         root.addHandler(handler)
     console = logging.StreamHandler(sys.stdout)
     console.setLevel(getattr(logging, console_level))
-    console.addFilter(_ConsoleFilter(rank in (console_ranks if console_ranks is not None else [0])))
+    _console_filter = _ConsoleFilter(rank in (console_ranks if console_ranks is not None else [0]), verbose)
+    _warning_log = rank_dir / "warning.log"
+    console.addFilter(_console_filter)
     console.setFormatter(formatter)
     root.addHandler(console)
     logging.captureWarnings(True)
+    if not verbose:
+        quiet_progress_bars()
     return logging.getLogger(f"primus.{module}")
 

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from primus.config.secrets import restore_secrets, secret_values
-from primus.logs.setup import setup_logging
+from primus.logs.setup import engine_warning_summary, setup_logging
 from primus.runtime.adapter import ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import peak_tflops
 from primus.runtime.metrics import MetricsReporter
+from primus.runtime.sinks.trackers import tracker_sinks
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER, Preempted, StopSignal
 from primus.runtime.rundir import read_resolved_config, record_restart
@@ -52,7 +53,8 @@ def train_worker(payload: dict[str, Any]) -> int:
         os.environ.setdefault("HF_TOKEN", primus_opts["hf_token"])
     peak = peak_tflops(device_name, primus_opts.get("peak_dtype", "bf16"), primus_opts.get("peak_tflops"))
     reporter = MetricsReporter(run_dir, rank=rank, world_size=world_size, device=device, peak_tflops=peak,
-                               enable_tensorboard=primus_opts.get("tensorboard", True))
+                               enable_tensorboard=primus_opts.get("tensorboard", True),
+                               extra_sinks=tracker_sinks(tree, module_name, run_dir, rank=rank))  # W&B, MLflow
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     resume = bool(payload.get("resume")) or restarts > 0  # a restarted worker continues from its checkpoint
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
@@ -63,9 +65,12 @@ def train_worker(payload: dict[str, Any]) -> int:
     module = ModuleConfig(name=module_name, framework=section["framework"], stage=section["stage"], params=params)
     logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),
                 device_name, rank, world_size, module.stage)
+    status = "failed"  # what the trackers record as the run's end
     try:
         adapter.run(module, ctx)
+        status = "completed"
     except Preempted as stop:
+        status = "preempted"
         logger.warning("rank %d %s", rank, stop)
         if rank == 0:
             (run_dir / PREEMPTED_MARKER).write_text(json.dumps({"step": stop.step, "checkpointed": stop.checkpointed}))
@@ -77,5 +82,7 @@ def train_worker(payload: dict[str, Any]) -> int:
         logger.exception("rank %d failed", rank)
         raise
     finally:
-        reporter.close()
+        reporter.close(status)
+        if summary := engine_warning_summary():  # engine warnings stayed in warning.log: say so once
+            logger.info(summary)
     return 0

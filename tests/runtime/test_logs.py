@@ -2,12 +2,12 @@ import logging
 import re
 import warnings
 
-from primus.logs.setup import setup_logging
+from primus.logs.setup import engine_warning_summary, setup_logging
 
 
 def test_level_files_console_filter_and_format(tmp_path, capsys):
     logger = setup_logging(tmp_path, "pre_trainer", rank=1, world_size=2, console_ranks=[0],
-                           secrets=["hunter2-token"])
+                           secrets=["hunter2-token"], verbose=False)
     try:
         logger.debug("dbg")
         logger.info("banner")
@@ -29,4 +29,30 @@ def test_level_files_console_filter_and_format(tmp_path, capsys):
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d \[rank 1/2\] \[pre_trainer\] INFO ", line)
     out = capsys.readouterr().out
     assert "banner" not in out  # rank 1 is not a console rank: no INFO
-    assert "engine warning" in out and "broken" in out  # WARNING+ from every rank
+    assert "broken" in out  # Primus' WARNING+ from every rank
+    assert "engine warning" not in out and "a python warning" not in out  # engines' warnings: files only
+    assert engine_warning_summary() == f"2 engine warnings → {rank_dir / 'warning.log'} (--verbose shows them)"
+
+
+def test_engine_warnings_and_errors_on_the_console(tmp_path, capsys):
+    setup_logging(tmp_path, "pre_trainer", rank=0, world_size=1, verbose=False)
+    logging.getLogger("megatron.core").warning("engine chatter")
+    logging.getLogger("megatron.core").error("engine failure")  # errors always show: the cause of a crash
+    logging.getLogger("primus.pre_trainer").warning("primus says")
+    out = capsys.readouterr().out
+    assert "engine failure" in out and "primus says" in out and "engine chatter" not in out
+    assert engine_warning_summary().startswith("1 engine warning → ")
+
+    setup_logging(tmp_path, "pre_trainer", rank=0, world_size=1, verbose=True)  # primus train --verbose
+    logging.getLogger("megatron.core").warning("engine chatter")
+    logging.getLogger("py.warnings").warning("UserWarning: shown too")  # what captureWarnings emits
+    out = capsys.readouterr().out
+    assert "engine chatter" in out and "shown too" in out
+    assert engine_warning_summary() is None  # nothing hidden, nothing to point at
+
+
+def test_verbose_comes_from_the_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PRIMUS_VERBOSE", "1")
+    setup_logging(tmp_path, "pre_trainer", rank=0, world_size=1)
+    logging.getLogger("torchtitan").warning("visible")
+    assert "visible" in capsys.readouterr().out

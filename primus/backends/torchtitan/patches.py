@@ -141,6 +141,24 @@ def gloo_sum_reduction() -> None:
     fsdp.disable_fsdp_gradient_division = disable_division_with_sum
 
 
+def peak_flops_from_primus_table() -> None:
+    """torchtitan 0.3.0's ``get_peak_flops`` (called by its Trainer and MetricsProcessor) runs
+    ``lspci`` (absent on most containers: "Error running lspci") and, for any name it does not
+    know (CPU, MI250, ...), warns "Peak flops undefined ..., fallback to A100" and uses A100's
+    peak. Primus computes MFU itself from one table for every backend (``primus.plan.devices``),
+    so TorchTitan's look-up answers from that table, silently; unknown is +inf (its own MFU,
+    unused by Primus, reads 0 instead of a number against the wrong device)."""
+    import torchtitan.tools.utils as utils
+
+    from primus.plan.devices import peak_tflops
+
+    def primus_peak_flops(device_name: str) -> float:
+        peak = peak_tflops(device_name)
+        return peak * 1e12 if peak else float("inf")
+
+    utils.get_peak_flops = primus_peak_flops
+
+
 def _triton_missing() -> bool:
     return importlib.util.find_spec("triton") is None
 
@@ -160,6 +178,8 @@ PATCHES = [
           _torch_lacks_set_timeout, set_timeout_alias),
     Patch("gloo_sum_reduction", gloo_sum_reduction.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"), _no_cuda,
           gloo_sum_reduction),
+    Patch("peak_flops_from_primus_table", peak_flops_from_primus_table.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), lambda: True, peak_flops_from_primus_table),
 ]
 
 _applied: list[str] = []

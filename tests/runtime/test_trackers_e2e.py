@@ -1,0 +1,40 @@
+"""W&B (offline) and MLflow (file store) through `primus train`: the run's metrics.jsonl rows
+and its resolved config reach both trackers, read back with their own formats and client."""
+import json
+
+import pytest
+
+from tests.conftest import TINY_EXAMPLE
+from tests.runtime.trackers_readback import mlflow_run, wandb_offline_run
+
+pytestmark = [pytest.mark.e2e]
+
+
+def test_primus_train_logs_to_wandb_offline_and_mlflow(run_primus, workspace):
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    result = run_primus("train", TINY_EXAMPLE, "exp_name=tracked", "training.steps=3",
+                        "logging.wandb.project=Primus_Pretrain", "logging.wandb.mode=offline",
+                        "logging.mlflow.experiment_name=Primus_Exp", env={"HF_TOKEN": "hf_never_in_a_tracker"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = workspace / "amd" / "root" / "tracked"
+    rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(rows) == [1, 2, 3]
+    expected = {step: {k: v for k, v in row.items() if k not in ("step", "extra") and v is not None}
+                for step, row in rows.items()}
+
+    w = wandb_offline_run(run_dir / "wandb")
+    assert (w["project"], w["name"], w["exit_code"]) == ("Primus_Pretrain", "tracked", 0)
+    assert sorted(w["history"]) == [1, 2, 3]
+    assert all(w["history"][step] == pytest.approx(expected[step]) for step in expected)
+    assert w["config"]["modules"]["pre_trainer"]["params"]["training"]["steps"] == 3
+    assert "wandb sync" in result.stdout  # where the offline run is, and how to upload it
+
+    m = mlflow_run((run_dir / "mlruns").as_uri(), "Primus_Exp")
+    assert (m["name"], m["status"]) == ("tracked", "FINISHED")
+    assert sorted(m["history"]) == [1, 2, 3]
+    assert all(m["history"][step] == pytest.approx(expected[step]) for step in expected)
+    assert m["params"]["modules.pre_trainer.params.training.steps"] == "3"
+    for folder in (run_dir / "wandb", run_dir / "mlruns"):
+        assert not [p for p in folder.rglob("*") if p.is_file() and b"hf_never_in_a_tracker" in p.read_bytes()]
