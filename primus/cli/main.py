@@ -32,6 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        return code
+    except BrokenPipeError:  # `primus plan ... | head -1`: the reader left; end quietly, as `yes | head` does
+        _silence_stdout()
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Engines log through the root logger; before a run's log files exist (validation in the
     # launcher), keep their chatter off the user's terminal. Workers install real handlers.
@@ -52,6 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("primus: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

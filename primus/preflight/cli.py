@@ -81,8 +81,10 @@ def _preflight(args: argparse.Namespace, overrides: list[str]) -> int:
     executor = config.resolved_executor()
     experiment = None
     if args.exp:  # the layout is judged against the job's world size (shard -1 fills it)
+        from primus.preflight.checks.experiment import experiment_payload
+
         model, layout = load_experiment(args.exp, overrides, args.module, plan_from_config(config).world_size)
-        experiment = {"model": model.model_dump(), "layout": layout.to_dict()}
+        experiment = experiment_payload(model, layout)
     options = build_options(args, experiment)
     if executor in ("local", "multi-node"):
         plan = plan_from_config(config).with_port()

@@ -67,6 +67,12 @@ class AutoModelAdapter(BackendAdapter):
 
         schema.check(handoff.automodel, describe)
 
+    def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
+        """(WanSpec, DiffusionLayout) for ``primus plan`` / preflight (ux, #18: Wan is plannable)."""
+        from primus.backends.nemo_automodel.plan import plan_inputs
+
+        return plan_inputs(module.params, world_size)
+
     # -- run --------------------------------------------------------------------------------
     def run(self, module: ModuleConfig, ctx: "RunContext") -> None:
         from primus.backends.nemo_automodel import schema
