@@ -91,7 +91,16 @@ def _preflight(args: argparse.Namespace, overrides: list[str]) -> int:
         if args.dry_run:
             print(f"command:    {plan.describe('primus.preflight.worker:worker_main', Path('<options.json>'))}")
             return 0
-        return launch_workers("primus.preflight.worker:worker_main", options, plan).exit_code
+        if plan.nnodes > 1:  # name a node that never comes, and still write the report
+            from primus.preflight.rollcall import nodes_ready
+
+            code = nodes_ready(options, plan)
+            if code is not None:
+                return code
+        result = launch_workers("primus.preflight.worker:worker_main", options, plan)
+        for line in result.failures:
+            print(f"preflight: {line}", file=sys.stderr, flush=True)
+        return result.exit_code
     # every node runs the same preflight, writing one report (rank 0) into one absolute directory
     report_dir = Path(options["report_dir"]).absolute()
     passthrough = ["--report-dir", str(report_dir), "--timeout", str(args.timeout)]
