@@ -73,7 +73,7 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.launch import executors
     from primus.launch.job import run_training_job, select_module, validate_module
     from primus.launch.multinode import plan_from_config
-    from primus.runtime.registry import backend_defaults
+    from primus.runtime.registry import backend_defaults, backend_derived
     from primus.runtime.rundir import decide_resume, run_dir_of
 
     if args.verbose:
@@ -85,7 +85,9 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     executor = config.resolved_executor()
     if sbatch_extra and executor != "slurm":
         raise ConfigError(f"flags after --: {' '.join(sbatch_extra)} are sbatch flags (use with --slurm)")
-    resolved = resolve_experiment(args.exp, overrides, backend_defaults)
+    resolved = resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
+    for line in resolved.provenance.overridden:  # Primus replaced something the user wrote: say so
+        print(f"[primus] derived {line}", file=sys.stderr, flush=True)
     module = select_module(resolved, args.module)
     if executor in ("local", "multi-node"):
         return run_training_job(resolved, module, plan_from_config(config), resume=args.resume,

@@ -41,9 +41,9 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import select_module
     from primus.runtime.adapter import ModuleConfig
-    from primus.runtime.registry import backend_defaults, get_adapter
+    from primus.runtime.registry import backend_defaults, backend_derived, get_adapter
 
-    resolved = resolve_experiment(path, overrides, backend_defaults)
+    resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
     adapter = get_adapter(module.framework)
     describe = getattr(adapter, "plan_inputs", None)

@@ -31,8 +31,8 @@ def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] 
         params.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / "tokenizer"),
                       data_path=[str(root / TINY_PREFIX)], mock_data=False)
         if derived is not None:
-            derived.append(("tokenizer_model", params["tokenizer_model"], "primus.tiny_assets"))
-            derived.append(("data_path", params["data_path"], "primus.tiny_assets"))
+            derived += [(key, params[key], "primus.tiny_assets")
+                        for key in ("tokenizer_type", "tokenizer_model", "data_path", "mock_data")]
     return params
 
 
@@ -76,6 +76,12 @@ class MegatronAdapter(BackendAdapter):
 
         args = parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
         check_parallel_layout(args, world_size, module=module.name)
+
+    def derived_params(self, params: dict[str, Any]) -> list[tuple[str, Any, str]]:
+        """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18)."""
+        derived: list[tuple[str, Any, str]] = []
+        megatron_params(params, derived)
+        return derived
 
     def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
         """(ModelSpec, ParallelLayout) for ``primus plan`` from Megatron-LM arguments."""

@@ -28,6 +28,7 @@ def _with_tiny_assets(params: dict[str, Any], derived: list[tuple[str, Any, str]
     if derived is not None:
         derived.append(("hf_assets_path", params["hf_assets_path"], "primus.tiny_assets"))
         derived.append(("dataloader.dataset_path", params["dataloader"]["dataset_path"], "primus.tiny_assets"))
+        derived.append(("dataloader.dataset", "jsonl", "primus.tiny_assets"))
     return params
 
 
@@ -206,6 +207,12 @@ class TorchTitanAdapter(BackendAdapter):
             trainer.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+    def derived_params(self, params: dict[str, Any]) -> list[tuple[str, Any, str]]:
+        """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18)."""
+        derived: list[tuple[str, Any, str]] = []
+        _with_tiny_assets(params, derived)
+        return derived
 
     def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
         """(ModelSpec, ParallelLayout) for ``primus plan`` / preflight's experiment checks."""
