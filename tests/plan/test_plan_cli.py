@@ -40,10 +40,11 @@ def test_first_line_states_world_size_and_device_and_their_source():
     assert data["world_size"] == 8 and data["layout"]["dp"] == 8 and "--nproc-per-node 8" in data["world_size_source"]
 
 
-def test_a_layout_that_does_not_divide_the_given_world_fails():
+def test_a_layout_that_does_not_divide_the_given_world_fails(tmp_path):
     pytest.importorskip("megatron.core")
-    out = plan(ROOT / "examples" / "megatron" / "llama3.1_70B-pretrain.yaml", "--nproc-per-node", "3")
-    assert out.returncode == 1 and "does not equal the world size 3" in out.stdout
+    out = plan(ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", "--nproc-per-node", "3",
+               "tensor_model_parallel_size=2", env=_env(PRIMUS_CACHE=str(tmp_path)))
+    assert out.returncode in (1, 2) and "world size (3) is not divisible" in out.stdout + out.stderr
 
 
 def test_wan_2_2_a14b_plans_per_expert_from_the_latent_shape():

@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from primus.backends.nemo_automodel.config import EXPERTS, expand_path, tiny_assets_of
+from primus.backends.nemo_automodel.config import EXPERTS
+from primus.data.tiny_assets import tiny_assets_dir
 from primus.plan.diffusion import (EXPERTS as KNOWN_EXPERTS, ClipShape, DiffusionLayout, WanSpec, known_transformer,
                                    unknown_model_error)
 
@@ -34,7 +35,7 @@ def wan_spec(params: dict[str, Any]) -> WanSpec:
     model = params.get("model") or {}
     name = str(model.get("pretrained_model_name_or_path") or "")
     expert = EXPERTS.get(str(model.get("stage") or "high_noise").lower(), "transformer")
-    local = Path(expand_path(name)) if name else None
+    local = Path(name).expanduser() if name else None
     if local is not None and (local / expert / "config.json").is_file():
         config = json.loads((local / expert / "config.json").read_text())
         experts = sum((local / sub / "config.json").is_file() for sub in EXPERTS.values()) or 1
@@ -42,7 +43,7 @@ def wan_spec(params: dict[str, Any]) -> WanSpec:
     if known_transformer(name):
         return WanSpec.from_transformer_config(known_transformer(name), experts=KNOWN_EXPERTS.get(name, 1),
                                                name=f"{name} ({expert})")
-    if tiny_assets_of(params):
+    if tiny_assets_dir(params):
         from primus.data.diffusion.tiny import TINY_TRANSFORMER
 
         return WanSpec.from_transformer_config(TINY_TRANSFORMER, experts=2, name=f"tiny Wan 2.2 ({expert})")
@@ -53,12 +54,12 @@ def clip_shape(params: dict[str, Any]) -> ClipShape:
     loader = (params.get("data") or {}).get("dataloader") or {}
     cache = loader.get("cache_dir")
     if cache:
-        first = _first_cached_sample(Path(expand_path(cache)))
+        first = _first_cached_sample(Path(str(cache)).expanduser())
         if first is not None:
             width, height = first["bucket_resolution"]
             return ClipShape(int(width), int(height), int(first.get("num_frames", 81)), source=f"latent cache {cache}")
     width, height = loader.get("base_resolution") or (832, 480)
-    if tiny_assets_of(params):  # the cache `primus.tiny_assets` will build: 9-frame clips
+    if tiny_assets_dir(params):  # the cache `primus.tiny_assets` will build: 9-frame clips
         return ClipShape(int(width), int(height), frames=9, source="the tiny latent cache Primus builds")
     return ClipShape(int(width), int(height), source="data.dataloader.base_resolution, Wan's 81 frames")
 
@@ -90,3 +91,14 @@ def plan_inputs(params: dict[str, Any], world_size: int | None = None) -> tuple[
         clip=clip_shape(params),
     )
     return wan_spec(params), layout
+
+
+def plan_inputs_if_known(params: dict[str, Any], world_size: int | None = None):
+    """``plan_inputs``, or (None, None) when the transformer's shapes are unknown: training a Hub
+    model Primus has no config for needs no plan."""
+    from primus.config.errors import ConfigError
+
+    try:
+        return plan_inputs(params, world_size)
+    except ConfigError:
+        return None, None
