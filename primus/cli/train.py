@@ -31,6 +31,9 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     group.add_argument("--gpus-per-node", type=int, help="Slurm GPUs per node (also processes per node)")
     group.add_argument("--container", metavar="IMAGE", help="run inside this image (docker, podman or apptainer)")
     group.add_argument("--container-engine", choices=["auto", "docker", "podman", "apptainer"])
+    group.add_argument("--container-python", metavar="PY",
+                       help="the image's own interpreter (e.g. python3): Primus is installed into it with "
+                            "pip install --no-deps -e at start, keeping the image's torch")
     group.add_argument("--container-env-secrets", action="store_const", const=True,
                        help="also pass *_TOKEN/*_KEY/*_SECRET/*PASSWORD* variables into the container")
     if train:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
-EXTRAS = {"torchtitan": "torchtitan.txt", "megatron": "megatron.txt", "automodel": "automodel.txt"}
+# core: Primus' own dependencies, for an image that brings its own torch (pip install --no-deps -e .)
+EXTRAS = {"core": "core.txt", "torchtitan": "torchtitan.txt", "megatron": "megatron.txt", "automodel": "automodel.txt"}
 FROZEN = ("torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm")
 NO_DEPS_MARK = "# primus: no-deps"
 _PIN = re.compile(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;#]+)")
