@@ -58,12 +58,12 @@ def test_podman_runs_it_with_the_images_own_python(podman_env, tmp_path, tiny_ca
     host_site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
     (site / "image_stack.pth").write_text(host_site + "\n")  # torch & co, not the host's Primus install
     probe = [str(image_python / "bin" / "python"), "-c", "import torch; print(torch.__version__); import primus"]
-    before = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+    before = subprocess.run(probe, capture_output=True, text=True, timeout=120, cwd=tmp_path)  # not the repo
     assert "No module named 'primus'" in before.stderr, before.stderr  # the image has torch, not Primus
     out, manifest = _train_in_container(
         tmp_path, tiny_cache, podman_env,
         "launcher:\n  container:\n    engine: podman\n    image: '/:O'\n    run_args: ['--rootfs']\n"
         f"    python: {image_python / 'bin' / 'python'}\n", "podman_image_python", "--executor", "container")
     assert manifest["status"] == "completed" and manifest["torch"] == before.stdout.split()[0]
-    after = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+    after = subprocess.run(probe, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert "No module named 'primus'" in after.stderr  # installed in the container's overlay only
