@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from primus import __version__
 from primus.cli.plugins import register_optional
 from primus.config.errors import ConfigError
+from primus.logs.held import hold_records_until_logs_exist
 
 # Subcommand modules, each exposing register(subparsers). Optional ones may be absent.
 COMMANDS = [
@@ -44,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Engines log through the root logger; before a run's log files exist (validation in the
-    # launcher), keep their chatter off the user's terminal. Workers install real handlers.
-    if not logging.getLogger().handlers:
-        logging.getLogger().addHandler(logging.NullHandler())
+    # launcher), keep their chatter and Python warnings off the user's terminal: held for the
+    # run's warning.log (an in-process rank), dropped otherwise. Workers install real handlers.
+    hold_records_until_logs_exist(verbose="--verbose" in argv or bool(os.environ.get("PRIMUS_VERBOSE")))
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if not getattr(args, "handler", None):

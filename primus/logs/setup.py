@@ -11,13 +11,18 @@ Third-party progress bars (Hugging Face datasets/hub) are off. ``verbose`` (``pr
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
+import re
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 from primus.config.secrets import mask_text
+from primus.logs.held import quiet_progress_bars
 
 LEVEL_FILES = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -90,21 +95,6 @@ def verbose_from_env() -> bool:
     return os.environ.get("PRIMUS_VERBOSE", "") not in ("", "0", "false", "False")
 
 
-def quiet_progress_bars() -> None:
-    """Hugging Face datasets/hub draw tqdm bars on stderr ("Generating train split"); their
-    documented switches turn them off, for libraries imported later (env) and earlier (API)."""
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if "datasets" in sys.modules:
-        from datasets.utils import disable_progress_bars
-
-        disable_progress_bars()
-    if "huggingface_hub" in sys.modules:
-        from huggingface_hub.utils import disable_progress_bars as hub_disable
-
-        hub_disable()
-
-
 def engine_warning_summary() -> str | None:
     """``N engine warnings → {warning.log}`` for this rank, or None when there were none or they
     were shown (verbose)."""
@@ -123,6 +113,61 @@ def _display_path(path: Path | None) -> str:
         return str(path)
 
 
+# Libraries that print through a handler of their own (not propagating to the root logger): their
+# documented switches hand their records to Primus' handlers instead.
+_LIBRARY_LOGGING = ("transformers.utils.logging", "diffusers.utils.logging", "datasets.utils.logging")
+
+
+def route_library_loggers() -> None:
+    for name in _LIBRARY_LOGGING:
+        module = sys.modules.get(name)
+        if module is not None:
+            module.disable_default_handler()
+            module.enable_propagation()
+
+
+class _LinesToLog(io.TextIOBase):
+    """A text stream whose lines (``\\n`` or a progress bar's ``\\r``) become DEBUG records."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger, self.pending = logger, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = re.split(r"[\r\n]", self.pending)
+        for line in lines:
+            if line.strip():
+                self.logger.debug(line.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending.strip():
+            self.logger.debug(self.pending.rstrip())
+        self.pending = ""
+
+
+@contextlib.contextmanager
+def engine_output_to_log(verbose: bool | None = None) -> Iterator[None]:
+    """While an engine runs: what it prints or draws on stdout/stderr itself (``print``, tqdm bars)
+    goes to this rank's debug.log (logger ``engine.output``), not the console. Primus' console
+    handler keeps the real stdout; a crash's traceback is printed after this block."""
+    verbose = verbose_from_env() if verbose is None else verbose
+    route_library_loggers()
+    if verbose:
+        yield
+        return
+    stream = _LinesToLog(logging.getLogger("engine.output"))
+    with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+        try:
+            yield
+        finally:
+            stream.flush()
+            route_library_loggers()
+
+
 def setup_logging(log_root: Path, module: str, rank: int, world_size: int, *,
                   console_ranks: list[int] | None = None, console_level: str = "INFO",
                   secrets: list[str] | None = None, verbose: bool | None = None) -> logging.Logger:
@@ -134,7 +179,9 @@ def setup_logging(log_root: Path, module: str, rank: int, world_size: int, *,
     rank_dir.mkdir(parents=True, exist_ok=True)
     formatter = PrimusFormatter(rank, world_size, module, secrets)
     root = logging.getLogger()
+    held: list[logging.LogRecord] = []
     for handler in list(root.handlers):
+        held += getattr(handler, "records", [])
         root.removeHandler(handler)
         handler.close()
     root.setLevel(logging.DEBUG)
@@ -151,7 +198,11 @@ def setup_logging(log_root: Path, module: str, rank: int, world_size: int, *,
     console.setFormatter(formatter)
     root.addHandler(console)
     logging.captureWarnings(True)
+    route_library_loggers()
     if not verbose:
         quiet_progress_bars()
+    for record in held:  # what the engines said while the launcher validated, in this rank's files
+        record.__dict__.pop("_primus_text", None)
+        root.handle(record)
     return logging.getLogger(f"primus.{module}")
 

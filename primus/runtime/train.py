@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.config.secrets import restore_secrets, secret_values
-from primus.logs.setup import engine_warning_summary, setup_logging
+from primus.logs.setup import engine_output_to_log, engine_warning_summary, setup_logging
 from primus.runtime.adapter import EnginePlan, ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import peak_tflops
@@ -80,7 +80,8 @@ def train_worker(payload: dict[str, Any]) -> int:
         # the same plan the launcher built, rebuilt from config.resolved.yaml for this rank's run dir and device
         plan = _HANDED_OVER.pop((str(run_dir), module_name), None) or \
             adapter.plan(module, world_size, run_dir=run_dir, device=device)
-        adapter.run(plan, ctx)
+        with engine_output_to_log():  # the engine's own prints and progress bars: this rank's debug.log
+            adapter.run(plan, ctx)
         status = "completed"
     except Preempted as stop:
         status = "preempted"

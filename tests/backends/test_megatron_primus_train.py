@@ -22,4 +22,7 @@ def test_two_ranks_through_primus_train(layout, run_primus, workspace):
     assert all(r["tflops"] > 0 for r in rows)  # Megatron-LM's FLOPs formula on the common path
     assert result.stdout.count("[TRAIN] step=1 ") == 1
     assert_seed_train_lines(result.stdout, list(range(1, 9)))  # the seed PR's regex
+    console = result.stdout + result.stderr  # Apex/TE fallbacks are engine warnings: warning.log, not here
+    assert "UserWarning" not in console and "warnings.warn" not in console, console[-2000:]
+    assert "Apex is not installed" in (run_dir / "logs" / "pre_trainer" / "rank-0" / "warning.log").read_text()
     assert {p.name for p in (run_dir / "logs" / "pre_trainer").iterdir()} == {"rank-0", "rank-1"}

@@ -56,3 +56,40 @@ def test_verbose_comes_from_the_environment(tmp_path, monkeypatch, capsys):
     setup_logging(tmp_path, "pre_trainer", rank=0, world_size=1)
     logging.getLogger("torchtitan").warning("visible")
     assert "visible" in capsys.readouterr().out
+
+
+def test_what_engines_said_before_the_logs_existed_lands_in_the_files(tmp_path, capsys):
+    from primus.logs.held import hold_records_until_logs_exist
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    hold_records_until_logs_exist()  # what `primus` does at start, before the launcher validates
+    logging.getLogger("megatron.core.optimizer").warning("Apex is not installed")
+    assert capsys.readouterr().err == ""  # not on the terminal
+    setup_logging(tmp_path, "pre_trainer", rank=0, world_size=1, verbose=False)
+    warning_log = (tmp_path / "pre_trainer" / "rank-0" / "warning.log").read_text()
+    assert "WARNING megatron.core.optimizer: Apex is not installed" in warning_log
+    assert "Apex" not in capsys.readouterr().out and engine_warning_summary().startswith("1 engine warning")
+
+
+def test_an_engines_prints_and_progress_bars_go_to_debug_log(tmp_path, capsys):
+    from tqdm import tqdm
+
+    from primus.logs.setup import engine_output_to_log
+
+    setup_logging(tmp_path, "pre_trainer", rank=0, world_size=1, verbose=False)
+    with engine_output_to_log(verbose=False):
+        print("> initializing torch distributed with 1 workers.")
+        for _ in tqdm(range(3), desc="Epoch 1/2", mininterval=0):
+            pass
+        logging.getLogger("primus.metrics").info("[TRAIN] step=1")  # Primus' own line still shows
+    out = capsys.readouterr()
+    assert "initializing" not in out.out + out.err and "Epoch 1/2" not in out.out + out.err
+    assert "[TRAIN] step=1" in out.out
+    debug = (tmp_path / "pre_trainer" / "rank-0" / "debug.log").read_text()
+    assert "DEBUG engine.output: > initializing torch distributed with 1 workers." in debug
+    assert "Epoch 1/2: 100%" in debug
+    with engine_output_to_log(verbose=True):  # --verbose: untouched
+        print("shown as is")
+    assert "shown as is" in capsys.readouterr().out
