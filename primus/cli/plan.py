@@ -48,6 +48,8 @@ def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ
         else:
             parts.append(1)
     if not sources:
+        if env.get("WORLD_SIZE"):
+            return int(env["WORLD_SIZE"]), f"$WORLD_SIZE={env['WORLD_SIZE']}"
         return None, "not given (--nproc-per-node, -N): the smallest world the experiment's layout runs on"
     return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"
 

@@ -64,3 +64,14 @@ def test_an_engine_that_accepts_the_images_torch_installs_beside_it(image):
     assert _version(python, "torchtitan") == "0.3.0" and _version(python, "torch") == IMAGE_TORCH
     again = _prepare(python, index, ["torch>=2"])
     assert again.returncode == 0 and "nothing to do" in again.stdout  # idempotent
+
+
+def test_core_prepares_before_primus_own_dependencies_exist(image):
+    """In the image right after `pip install --no-deps -e .`: no pydantic, no PyYAML, yet
+    `python -m primus.prepare core` plans their install under the frozen torch."""
+    python, _ = image
+    assert subprocess.run([str(python), "-c", "import yaml"], capture_output=True, timeout=60).returncode != 0
+    out = subprocess.run([str(python), "-m", "primus.prepare", "core", "--dry-run"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"#   torch=={IMAGE_TORCH}" in out.stdout and "pydantic==" in out.stdout and "PyYAML==" in out.stdout
