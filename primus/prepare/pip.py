@@ -64,11 +64,15 @@ def extras() -> list[str]:
     return sorted({adapter.extra for adapter in adapter_classes()} | {CORE})
 
 
+_NOT_EXTRAS = ("constraints", "test", "torch-cpu")  # requirement files that are not installable extras
+
+
 def plan(extra: str, requirements_dir: Path = REQUIREMENTS) -> Plan:
-    if extra != CORE:  # core is checked without importing Primus (its dependencies may be missing)
-        known = extras()
-        if extra not in known:
-            raise ValueError(f"unknown extra '{extra}'; known: {', '.join(known)}")
+    # judged by the files, not by importing the adapters: in an image that got Primus with
+    # `pip install --no-deps -e .`, Primus' own dependencies may not be there yet
+    if extra in _NOT_EXTRAS or not (requirements_dir / f"{extra}.txt").is_file():
+        known = sorted(p.stem for p in requirements_dir.glob("*.txt") if p.stem not in _NOT_EXTRAS)
+        raise ValueError(f"unknown extra '{extra}'; known: {', '.join(known)}")
     lines = (requirements_dir / f"{extra}.txt").read_text().splitlines()
     with_deps, no_deps = [], []
     for raw in lines:
