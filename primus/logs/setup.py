@@ -113,17 +113,20 @@ def _display_path(path: Path | None) -> str:
         return str(path)
 
 
-# Libraries that print through a handler of their own (not propagating to the root logger): their
-# documented switches hand their records to Primus' handlers instead.
-_LIBRARY_LOGGING = ("transformers.utils.logging", "diffusers.utils.logging", "datasets.utils.logging")
+# Libraries that print through a stderr handler of their own on their root logger (not, or not
+# only, through the root logger's): their records go to Primus' handlers instead.
+_LIBRARIES_WITH_HANDLERS = ("transformers", "diffusers", "datasets")
 
 
 def route_library_loggers() -> None:
-    for name in _LIBRARY_LOGGING:
-        module = sys.modules.get(name)
-        if module is not None:
-            module.disable_default_handler()
-            module.enable_propagation()
+    for name in _LIBRARIES_WITH_HANDLERS:
+        if name not in sys.modules:
+            continue  # its handler is made at import: inside engine_output_to_log it writes to debug.log
+        library = logging.getLogger(name)
+        for handler in list(library.handlers):
+            if type(handler) is logging.StreamHandler:
+                library.removeHandler(handler)
+        library.propagate = True
 
 
 class _LinesToLog(io.TextIOBase):

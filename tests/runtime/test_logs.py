@@ -2,6 +2,8 @@ import logging
 import re
 import warnings
 
+import pytest
+
 from primus.logs.setup import engine_warning_summary, setup_logging
 
 
@@ -93,3 +95,20 @@ def test_an_engines_prints_and_progress_bars_go_to_debug_log(tmp_path, capsys):
     with engine_output_to_log(verbose=True):  # --verbose: untouched
         print("shown as is")
     assert "shown as is" in capsys.readouterr().out
+
+
+def test_library_loggers_with_their_own_stderr_handler_reach_primus_files(tmp_path, capsys):
+    pytest.importorskip("diffusers")
+    pytest.importorskip("datasets")
+    import datasets  # noqa: F401  (each adds a StreamHandler(stderr) to its root logger)
+    import diffusers  # noqa: F401
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.get_logger("diffusers.models")  # upstream: its own stderr handler, no propagation
+    setup_logging(tmp_path, "pre_trainer", rank=0, world_size=1, verbose=False)
+    diffusers_logging.get_logger("diffusers.models").warning("kept in float32")
+    logging.getLogger("datasets.builder").warning("a datasets warning")
+    out = capsys.readouterr()
+    assert "kept in float32" not in out.err + out.out and "a datasets warning" not in out.err + out.out
+    warning_log = (tmp_path / "pre_trainer" / "rank-0" / "warning.log").read_text()
+    assert "diffusers.models: kept in float32" in warning_log and "datasets.builder: a datasets warning" in warning_log
