@@ -46,20 +46,16 @@ def test_an_amd_primus_megatron_file_with_wandb_project_logs_to_wandb_and_mlflow
     pytest.importorskip("megatron.core")
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
-    from tests.conftest import write
+    from tests.conftest import ROOT, write
 
     exp = write(tmp_path / "amd_style.yaml", f"""\
-work_group: amd
-user_name: root
+extends: {ROOT / 'examples' / 'megatron' / 'llama3_tiny-pretrain.yaml'}
 exp_name: amd_wandb
 workspace: {workspace}
 logging:
   mlflow: {{experiment_name: Primus_Megatron}}
 modules:
   pre_trainer:
-    framework: megatron
-    config: pre_trainer.yaml
-    model: llama3_tiny.yaml
     overrides:
       primus: {{tiny_assets: {tmp_path / 'tiny'}}}
       train_iters: 3
