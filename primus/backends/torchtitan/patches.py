@@ -145,7 +145,7 @@ def peak_flops_from_primus_table() -> None:
     """torchtitan 0.3.0's ``get_peak_flops`` (called by its Trainer and MetricsProcessor) runs
     ``lspci`` (absent on most containers: "Error running lspci") and, for any name it does not
     know (CPU, MI250, ...), warns "Peak flops undefined ..., fallback to A100" and uses A100's
-    peak. Primus computes MFU itself from one table for every backend (``primus.plan.devices``),
+    peak. Primus computes MFU itself, the same way for every backend (``primus.plan.devices``),
     so TorchTitan's look-up answers from that table, silently; unknown is +inf (its own MFU,
     unused by Primus, reads 0 instead of a number against the wrong device)."""
     import torchtitan.tools.utils as utils
@@ -157,6 +157,21 @@ def peak_flops_from_primus_table() -> None:
         return peak * 1e12 if peak else float("inf")
 
     utils.get_peak_flops = primus_peak_flops
+
+
+def checkpoint_on_transient_group() -> None:
+    """TorchTitan's synchronous checkpoint save/load calls ``dcp.save``/``dcp.load`` on the default
+    process group. On a CPU host (gloo) with more than one intra-op thread, the plan gathers leave
+    an OpenMP thread pool in each gloo worker thread that copies them, and libgomp then throttles
+    every OpenMP worker's spin-wait for the rest of the run: steps after the first checkpoint took
+    ~2x as long (tiny demo, 2 cores). Each save/load now runs on its own gloo group, destroyed
+    right after, which takes the pools with it (root cause: ``primus/backends/dcp_group.py``).
+    Async modes keep the group TorchTitan gives them."""
+    import torchtitan.components.checkpointer.dcp as checkpointer
+
+    from primus.backends.dcp_group import route_dcp_through_transient_groups
+
+    route_dcp_through_transient_groups(checkpointer)
 
 
 def _triton_missing() -> bool:
@@ -180,6 +195,10 @@ PATCHES = [
           gloo_sum_reduction),
     Patch("peak_flops_from_primus_table", peak_flops_from_primus_table.__doc__, "torchtitan",
           SpecifierSet(">=0.3,<0.4"), lambda: True, peak_flops_from_primus_table),
+
+
+    Patch("checkpoint_on_transient_group", checkpoint_on_transient_group.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), _no_cuda, checkpoint_on_transient_group),
 ]
 
 _applied: list[str] = []
