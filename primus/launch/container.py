@@ -110,8 +110,12 @@ def forwarded_env(env: dict[str, str], explicit: dict[str, str], section: Contai
     """Variables to pass in (name -> value) and the secret names left out."""
     chosen: dict[str, str] = {}
     skipped: list[str] = []
+    from primus.logs.held import SET_HERE  # Primus' own quieting switches: the container's Primus sets its own
+
     extra_names = {item.split("=", 1)[0]: item for item in section.env}
     for name in sorted(env):
+        if name in SET_HERE and name not in extra_names:
+            continue
         if name in extra_names or any(fnmatch.fnmatchcase(name, pattern) for pattern in section.forward_env):
             if is_secret_env(name) and not section.env_secrets and name not in extra_names \
                     and name not in section.pass_secrets:

@@ -25,6 +25,10 @@ class _HeldRecords(logging.Handler):
             self.records.append(record)
 
 
+QUIET_ENV = ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")
+SET_HERE: set[str] = set()  # what this process set for itself: not the user's, not passed on to containers
+
+
 def hold_records_until_logs_exist(verbose: bool = False) -> None:
     """For the ``primus`` CLI: nothing reaches the terminal from the root logger or ``warnings``
     until ``setup_logging`` installs the run's files, which then receive what was held; and,
@@ -41,8 +45,10 @@ def quiet_progress_bars() -> None:
     """Hugging Face datasets/hub/transformers draw tqdm bars on stderr ("Generating train split",
     "Loading weights"); their documented switches turn them off, for libraries imported later
     (environment) and earlier (API)."""
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in QUIET_ENV:
+        if name not in os.environ:
+            os.environ[name] = "1"
+            SET_HERE.add(name)
     if "datasets" in sys.modules:
         from datasets.utils import disable_progress_bars
 

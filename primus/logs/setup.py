@@ -200,6 +200,7 @@ def setup_logging(log_root: Path, module: str, rank: int, world_size: int, *,
     console.addFilter(_console_filter)
     console.setFormatter(formatter)
     root.addHandler(console)
+    logging.captureWarnings(False)  # re-take warnings.showwarning even if an earlier capture is stale
     logging.captureWarnings(True)
     route_library_loggers()
     if not verbose:
