@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PRIMUS = [sys.executable, "-m", "primus.cli.main"]
 TINY_EXAMPLE = ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml"
+# The seed PR's [TRAIN] line, its fields in its order: parsers written for it must keep working.
+SEED_TRAIN_LINE = re.compile(r"\[TRAIN\] step=(\d+) loss=(\S+) step_time=([\d.]+)s samples_per_sec=([\d.]+) "
+                             r"samples_per_sec_per_gpu=([\d.]+) mem=([\d.]+)GB\b")
+
+
+def assert_seed_train_lines(stdout: str, steps: list[int]) -> None:
+    """Every [TRAIN] line of a run's console matches the seed's regex, one per step, in order."""
+    lines = [line for line in stdout.splitlines() if "[TRAIN]" in line]
+    parsed = [SEED_TRAIN_LINE.search(line) for line in lines]
+    assert all(parsed), [line for line, m in zip(lines, parsed) if not m][:3]
+    assert [int(m.group(1)) for m in parsed] == steps
 
 
 @pytest.fixture(scope="session")

@@ -23,9 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _resolve(args: argparse.Namespace, overrides: list[str]):
     from primus.config.resolve import resolve_experiment
-    from primus.runtime.registry import backend_defaults
+    from primus.runtime.registry import backend_defaults, backend_derived
 
-    return resolve_experiment(args.exp, overrides, backend_defaults)
+    return resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
 
 
 def _show(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 
 from primus import __version__
 from primus.cli.plugins import register_optional
 from primus.config.errors import ConfigError
+from primus.logs.held import hold_records_until_logs_exist
 
 # Subcommand modules, each exposing register(subparsers). Optional ones may be absent.
 COMMANDS = [
@@ -32,11 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        return code
+    except BrokenPipeError:  # `primus plan ... | head -1`: the reader left; end quietly, as `yes | head` does
+        _silence_stdout()
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Engines log through the root logger; before a run's log files exist (validation in the
-    # launcher), keep their chatter off the user's terminal. Workers install real handlers.
-    if not logging.getLogger().handlers:
-        logging.getLogger().addHandler(logging.NullHandler())
+    # launcher), keep their chatter and Python warnings off the user's terminal: held for the
+    # run's warning.log (an in-process rank), dropped otherwise. Workers install real handlers.
+    hold_records_until_logs_exist(verbose="--verbose" in argv or bool(os.environ.get("PRIMUS_VERBOSE")))
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if not getattr(args, "handler", None):
@@ -53,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("primus: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -1,23 +1,28 @@
 """``primus plan EXP``: parameters, FLOPs and per-rank memory of an experiment, no cluster needed.
 
-Exit status: 0 fits; 1 does not fit or the layout is wrong; 2 a user error (unknown device, bad YAML).
-No torch import here: ``primus --help`` stays fast.
+LLMs (TorchTitan, Megatron) through ``primus.plan.estimate``; Wan video diffusion (AutoModel)
+through ``primus.plan.diffusion``. The first line says the world size and the device the plan
+assumes, and where each came from. Exit status: 0 fits; 1 does not fit or the layout is wrong;
+2 a user error (unknown device, bad YAML). No torch import here: ``primus --help`` stays fast.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser(
         "plan", allow_abbrev=False, help="parameters, FLOPs and per-rank memory of an experiment",
-        description="Estimate an experiment without a cluster: parameters, FLOPs per token and step, memory "
+        description="Estimate an experiment without a cluster: parameters, FLOPs per token/sample and step, memory "
                     "per rank by component, and whether it fits --device. Exit 0 fits, 1 does not fit or "
                     "the layout is wrong, 2 user error.")
     plan.add_argument("exp", help="experiment YAML")
     plan.add_argument("--device", help="device to fit: " + ", ".join(_device_names()))
+    plan.add_argument("--nproc-per-node", type=int, help="processes per node (env GPUS_PER_NODE, default 1)")
+    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=int, help="nodes (env NNODES, default 1)")
     plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
     plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     plan.add_argument("--json", action="store_true", help="print the estimate as JSON")
@@ -30,22 +35,55 @@ def _device_names() -> list[str]:
     return sorted(DEVICE_MEMORY_GIB)
 
 
-def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False) -> tuple[str, int]:
-    """The text (or JSON) ``primus plan`` prints and its exit status."""
-    from primus.plan.estimate import format_plan, make_plan
-    from primus.plan.layout import check_layout, worst_level
+def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ) -> tuple[int | None, str]:
+    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says."""
+    parts, sources = [], []
+    for flag, value, var in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE"), ("-N", nnodes, "NNODES")):
+        if value is not None:
+            parts.append(value)
+            sources.append(f"{flag} {value}")
+        elif env.get(var):
+            parts.append(int(env[var]))
+            sources.append(f"${var}={env[var]}")
+        else:
+            parts.append(1)
+    if not sources:
+        if env.get("WORLD_SIZE"):
+            return int(env["WORLD_SIZE"]), f"$WORLD_SIZE={env['WORLD_SIZE']}"
+        return None, "not given (--nproc-per-node, -N): the smallest world the experiment's layout runs on"
+    return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"
+
+
+def _assumptions(world: int, source: str, device: str | None) -> str:
+    shown = f"device {device} (--device)" if device else "no device (--device NAME to check that it fits)"
+    return f"plan for world size {world} ({source}), {shown}"
+
+
+def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False,
+             world_size: int | None = None) -> tuple[str, int]:
+    """The text (or JSON) ``primus plan`` prints and its exit status (the assumptions line not included)."""
+    from primus.plan.diffusion import WanSpec
+    from primus.plan.layout import worst_level
     from primus.preflight.thresholds import load_thresholds
 
-    thresholds = load_thresholds(thresholds_path)
-    problems = check_layout(model, layout)
+    usable = load_thresholds(thresholds_path)["memory"]["usable_fraction"]
+    if isinstance(model, WanSpec):
+        from primus.plan.diffusion import check_wan_layout, format_wan_plan, make_wan_plan
+
+        problems, make, fmt = check_wan_layout(model, layout, world_size), make_wan_plan, format_wan_plan
+    else:
+        from primus.plan.estimate import format_plan, make_plan
+        from primus.plan.layout import check_layout
+
+        problems, make, fmt = check_layout(model, layout, world_size), make_plan, format_plan
     if worst_level(problems) == "fail":
         lines = [f"{p.level}: {p.message}" for p in problems]
         return ("\n".join(lines) if not as_json else json.dumps({"problems": [p.to_dict() for p in problems]}, indent=2)), 1
-    plan = make_plan(model, layout, device, usable_fraction=thresholds["memory"]["usable_fraction"])
+    plan = make(model, layout, device, usable_fraction=usable)
     code = 1 if plan.fits is False else 0
     if as_json:
         return json.dumps({**plan.to_dict(), "problems": [p.to_dict() for p in problems]}, indent=2), code
-    text = format_plan(plan)
+    text = fmt(plan)
     if problems:
         text += "\n" + "\n".join(f"{p.level}: {p.message}" for p in problems)
     return text, code
@@ -54,11 +92,18 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
 def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
     from primus.preflight.cli import load_experiment
 
-    import os
+    if args.device:
+        from primus.plan.estimate import device_memory_bytes
 
-    env = os.environ  # the launcher's world: WORLD_SIZE, else GPUS_PER_NODE x NNODES
-    world = int(env.get("WORLD_SIZE") or int(env.get("GPUS_PER_NODE", "1")) * int(env.get("NNODES", "1")))
-    model, layout = load_experiment(args.exp, overrides, args.module, world)
-    text, code = run_plan(model, layout, args.device, args.thresholds, args.json)
+        device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
+    given, source = world_size_of(args.nproc_per_node, args.nnodes)
+    model, layout = load_experiment(args.exp, overrides, args.module, given)
+    world = given or layout.world_size
+    text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given)
+    if args.json:
+        data = json.loads(text)
+        text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device, **data}, indent=2)
+    else:
+        text = _assumptions(world, source, args.device) + "\n" + text
     print(text, file=sys.stdout)
     return code

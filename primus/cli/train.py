@@ -31,6 +31,9 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     group.add_argument("--gpus-per-node", type=int, help="Slurm GPUs per node (also processes per node)")
     group.add_argument("--container", metavar="IMAGE", help="run inside this image (docker, podman or apptainer)")
     group.add_argument("--container-engine", choices=["auto", "docker", "podman", "apptainer"])
+    group.add_argument("--container-python", metavar="PY",
+                       help="the image's own interpreter (e.g. python3): Primus is installed into it with "
+                            "pip install --no-deps -e at start, keeping the image's torch")
     group.add_argument("--container-env-secrets", action="store_const", const=True,
                        help="also pass *_TOKEN/*_KEY/*_SECRET/*PASSWORD* variables into the container")
     if train:
@@ -58,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="refuse to touch an existing run directory")
     parser.add_argument("--dry-run", action="store_true", help="print what would run (command lines or the "
                                                                "sbatch script) and exit")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show engine warnings and third-party progress bars on the console "
+                             "(they are always in logs/.../warning.log, debug.log)")
     add_launcher_flags(parser, train=True)
     parser.set_defaults(handler=_train, accepts_overrides=True)
 
@@ -70,21 +76,27 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.launch import executors
     from primus.launch.job import plan_module, run_training_job, select_module
     from primus.launch.plan import plan_from_config
-    from primus.runtime.registry import backend_defaults
+    from primus.runtime.registry import backend_defaults, backend_derived
     from primus.runtime.rundir import RunDir
 
+    if args.verbose:
+        import os
+
+        os.environ["PRIMUS_VERBOSE"] = "1"  # read by every rank's log setup (primus.logs.setup)
     overrides, sbatch_extra = executors.split_passthrough(extras, sys.argv[1:])
     config, _ = executors.launcher_from_args(args)
     executor = config.resolved_executor()
     if sbatch_extra and executor != "slurm":
         raise ConfigError(f"flags after --: {' '.join(sbatch_extra)} are sbatch flags (use with --slurm)")
-    resolved = resolve_experiment(args.exp, overrides, backend_defaults)
+    resolved = resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
+    for line in resolved.provenance.overridden:  # Primus replaced something the user wrote: say so
+        print(f"[primus] derived {line}", file=sys.stderr, flush=True)
     module = select_module(resolved, args.module)
     if executor in ("local", "multi-node"):
         return run_training_job(resolved, module, plan_from_config(config), resume=args.resume,
                                 dry_run=args.dry_run, argv=["primus", *sys.argv[1:]])
 
-    passthrough = [*(["--module", args.module] if args.module else []),
+    passthrough = [*(["--module", args.module] if args.module else []), *(["--verbose"] if args.verbose else []),
                    *({"always": ["--resume"], "never": ["--no-resume"]}.get(args.resume, []))]
     request = executors.NodeRequest("train", [str(Path(args.exp).absolute())], overrides, passthrough,
                                     args.launcher_config)

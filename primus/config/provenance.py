@@ -15,15 +15,29 @@ class Source:
     value: Any
 
 
+DERIVED = "derived by Primus"  # a value Primus sets itself (tiny assets, CPU choices): the last link of a chain
+EXPLICIT = ("experiment overrides", "command line")  # what the user wrote for this run
+
+
 @dataclass
 class Provenance:
     """dotted key -> the ordered chain of sources that set it (the last one won)."""
 
     chains: dict[str, list[Source]] = field(default_factory=dict)
     templates: dict[str, str] = field(default_factory=dict)  # dotted key -> raw ${VAR} text
+    overridden: list[str] = field(default_factory=list)  # one line per explicit value a derivation replaced
 
     def record(self, key: str, source: Source) -> None:
         self.chains.setdefault(key, []).append(source)
+
+    def record_derived(self, key: str, value: Any, reason: str) -> None:
+        """Primus set ``key`` itself. When that replaces what the user wrote (experiment overrides,
+        command line), it is said: one line in ``overridden`` for the launcher to print."""
+        explicit = next((s for s in reversed(self.chains.get(key, [])) if s.label in EXPLICIT), None)
+        if explicit is not None and explicit.value != value:
+            self.overridden.append(f"{key}={value!r} from {reason} replaces {explicit.value!r} ({explicit.where}): "
+                                   f"{reason} wins; set it to null to use your value")
+        self.record(key, Source(DERIVED, reason, value))
 
     def describe(self, key: str) -> str:
         """Where the winning value of ``key`` (or its closest set ancestor) came from."""

@@ -24,6 +24,8 @@ from primus.config.secrets import REDACTED, externalize_secrets, is_secret_key, 
 from primus.config.yaml_source import Layer
 
 DefaultsFn = Callable[[str, str, str, str], dict[str, Any]]  # (framework, stage, where, where) -> defaults
+# (framework, params) -> [(dotted key under params, value, reason)]: what the backend sets itself
+DeriveFn = Callable[[str, dict[str, Any]], list[tuple[str, Any, str]]]
 
 
 @dataclass
@@ -100,6 +102,13 @@ def _route(items: list[tuple[str, Any, str]], module_names: list[str]):
     return experiment, params
 
 
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
+
+
 def _overrides_as_layer(name: str, spec: ModuleSpec, provenance: Provenance) -> Layer:
     prefix = f"modules.{name}.overrides"
     origins = {key[len(prefix) + 1:]: chain[-1].where
@@ -125,7 +134,7 @@ def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenan
 
 
 def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
-                       backend_defaults: DefaultsFn | None = None) -> ResolvedExperiment:
+                       backend_defaults: DefaultsFn | None = None, derive: DeriveFn | None = None) -> ResolvedExperiment:
     """Read, interpolate, extend, merge and schema-check an experiment (no engine imports)."""
     source = Path(path)
     if source.is_dir():
@@ -161,6 +170,10 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
         if param_items.get(name):
             merge_layer(params, overrides_layer(param_items[name]), provenance, prefix=prefix)
         remember_secrets(params)
+        if derive is not None:  # last: what Primus derives wins, and says so (--why, provenance.overridden)
+            for key, value, reason in derive(module.framework, params):
+                _set_dotted(params, key, value)
+                provenance.record_derived(f"{prefix}.{key}", value, reason)
         modules[name] = ResolvedModule(name, module.framework, module.stage, module.config, module.model, params)
     return ResolvedExperiment(source=source, spec=spec, modules=modules, provenance=provenance)
 

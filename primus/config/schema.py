@@ -5,7 +5,7 @@ An error never echoes a secret's value, and echoes at most a short prefix of any
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -21,12 +21,37 @@ MAX_PEAK_TFLOPS = 1e6  # 1 EFLOP/s per device: a typo beyond it, not a device
 _ECHO_CHARS = 80
 
 
+class WandbSpec(BaseModel):
+    """``logging.wandb``: Weights & Biases for any backend (Megatron-LM's ``wandb_*`` keys map here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str | None = None  # set (here or as wandb_project) to turn W&B on
+    entity: str | None = None
+    name: str | None = None  # default: exp_name
+    dir: str | None = None  # default: {run_dir}/wandb
+    mode: Literal["online", "offline", "disabled"] | None = None  # default: wandb's own ($WANDB_MODE)
+    tags: list[str] = Field(default_factory=list)
+
+
+class MlflowSpec(BaseModel):
+    """``logging.mlflow``: MLflow for any backend (AMD Primus' ``mlflow_*`` keys map here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str | None = None  # default: $MLFLOW_TRACKING_URI, else a file store in {run_dir}/mlruns
+    experiment_name: str | None = None  # default: work_group/user_name
+    run_name: str | None = None  # default: exp_name
+
+
 class LoggingSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     console_ranks: list[Annotated[int, Field(ge=0, lt=MAX_RANKS)]] = Field(
         default_factory=lambda: [0], max_length=4096, description="ranks that print INFO")
     level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="console level")
+    wandb: WandbSpec | None = None
+    mlflow: MlflowSpec | None = None
 
 
 class ModuleSpec(BaseModel):

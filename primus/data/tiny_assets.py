@@ -44,7 +44,8 @@ def build_tokenizer(texts: list[str], out_dir: Path, vocab_size: int = 512) -> P
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[BOS, EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=[BOS, EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # its bar is console noise (blank lines when not a terminal)
     )
     tokenizer.train_from_iterator(texts, trainer)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,14 @@ class SlurmSection(BaseModel):
     container_mode: Literal["auto", "pyxis", "engine"] = "auto"  # Slurm + container
 
 
+FORWARD_ENV = (
+    "PRIMUS_*", "MASTER_*", "NNODES", "NODE_RANK", "GPUS_PER_NODE", "NCCL_*", "RCCL_*", "GLOO_*", "TORCH_NCCL_*",
+    "HF_*", "WANDB_*", "MLFLOW_*", "HSA_*", "HIP_*", "ROCR_*", "ROCM_*", "HIPBLASLT_*", "MIOPEN_*",
+    "USE_HIPBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT", "GPU_MAX_HW_QUEUES", "NVTE_*", "CUDA_DEVICE_MAX_CONNECTIONS",
+    "OMP_NUM_THREADS",
+)
+
+
 class ContainerSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -53,8 +61,15 @@ class ContainerSection(BaseModel):
     shm_size: str | None = Field(None, pattern=r"^\d+[bkmgBKMG]?$")  # used with ipc: private
     mounts: list[str] = Field(default_factory=list, description="SRC[:DST[:OPTS]] extra bind mounts (data, ...)")
     env: list[str] = Field(default_factory=list, description="extra NAME or NAME=VALUE to pass in")
-    env_secrets: bool = False  # also pass *_TOKEN, *_KEY, *_SECRET, *PASSWORD*
-    python: str | None = None  # interpreter inside the image (default: this one, mounted repo/venv)
+    # which host variables go in (fnmatch patterns): Primus', rendezvous, NCCL/RCCL/GLOO, ROCm/HIP/HSA tuning
+    forward_env: list[str] = Field(default_factory=lambda: list(FORWARD_ENV))
+    # secrets passed by NAME (the engine reads the value from its environment; never on a command line)
+    pass_secrets: list[str] = Field(default_factory=lambda: ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY"])
+    env_secrets: bool = False  # also pass every other *_TOKEN, *_KEY, *_SECRET, *PASSWORD*
+    python: str | None = None  # the image's interpreter (e.g. python3); default: this one, repo/venv mounted
+    # with the image's interpreter: `pip install --no-deps -e REPO` (and Primus' own small deps under a
+    # constraint freezing the image's torch) when the container starts, as AMD Primus' prepare step does
+    install: bool = True
     run_args: list[str] = Field(default_factory=list, description="extra flags for `ENGINE run`")
 
 

@@ -1,16 +1,24 @@
 """Run a node's ``primus train`` inside a container: docker, podman or apptainer.
 
 What goes in: GPU devices (ROCm ``/dev/kfd``, ``/dev/dri``, ``/dev/infiniband``; NVIDIA
-``--gpus all``), host network and IPC, the repo/venv/workspace/cache/HF-cache mounts, and
-the ``PRIMUS_*``/``NCCL_*``/``RCCL_*``/``GLOO_*``/``HF_*``/``MASTER_*``/``NNODES``/
-``NODE_RANK``/``GPUS_PER_NODE`` environment, minus secrets (``*_TOKEN``, ``*_KEY``,
-``*_SECRET``, ``*PASSWORD*``) unless ``env_secrets`` is set. A device that is absent on
-this host is skipped with a notice (an engine refuses ``--device`` for a missing path).
-Secret values never appear on a command line: docker/podman get ``-e NAME`` and read the
-value from the environment, apptainer gets ``APPTAINERENV_NAME``.
+``--gpus all``), host network and IPC, the repo/workspace/cache/HF-cache mounts, and the host
+variables matching ``launcher.container.forward_env`` (Primus', rendezvous, NCCL/RCCL/GLOO and
+ROCm/HIP/HSA tuning such as ``USE_HIPBLASLT``, ``TORCH_BLAS_PREFER_HIPBLASLT``,
+``HIP_FORCE_DEV_KERNARG``, ``GPU_MAX_HW_QUEUES``). Secrets (``*_TOKEN``, ``*_KEY``, ``*_SECRET``,
+``*PASSWORD*``) go in only by name: those in ``pass_secrets`` (``HF_TOKEN``, ``WANDB_API_KEY``)
+always, the others with ``env_secrets``; docker/podman get ``-e NAME`` and read the value from
+their own environment, apptainer gets ``APPTAINERENV_NAME``, so no value is ever on a command line.
+
+Which Python: by default this interpreter, its venv mounted. With ``python`` (e.g. ``python3``,
+``--container-python``) the image's own interpreter and torch run it: at container start Primus
+is installed into it with ``pip install --no-deps -e REPO`` and its few own dependencies under a
+constraint that freezes the image's torch (``python -m primus.prepare core``), as AMD Primus'
+prepare step does; the image's ROCm/CUDA torch is never replaced. A device that is absent on this
+host is skipped with a notice (an engine refuses ``--device`` for a missing path).
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 import shlex
 import shutil
@@ -22,8 +30,6 @@ from primus.config.errors import ConfigError
 from primus.config.secrets import REDACTED, is_secret_env
 from primus.launch.config import ContainerSection
 
-FORWARD_PREFIXES = ("PRIMUS_", "NCCL_", "RCCL_", "GLOO_", "HF_", "MASTER_")
-FORWARD_NAMES = ("NNODES", "NODE_RANK", "GPUS_PER_NODE")
 ENGINES = ("podman", "docker", "apptainer")
 ROCM_DEVICES = ("kfd", "dri", "infiniband")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -100,23 +106,41 @@ def _device_flags(engine: str, kind: str, dev: Path) -> tuple[list[str], list[st
     return flags, notices
 
 
-def forwarded_env(env: dict[str, str], explicit: dict[str, str], extra: list[str],
-                  with_secrets: bool) -> tuple[dict[str, str], list[str]]:
+def forwarded_env(env: dict[str, str], explicit: dict[str, str], section: ContainerSection) -> tuple[dict[str, str], list[str]]:
     """Variables to pass in (name -> value) and the secret names left out."""
     chosen: dict[str, str] = {}
     skipped: list[str] = []
-    extra_names = {item.split("=", 1)[0]: item for item in extra}
+    from primus.logs.held import SET_HERE  # Primus' own quieting switches: the container's Primus sets its own
+
+    extra_names = {item.split("=", 1)[0]: item for item in section.env}
     for name in sorted(env):
-        if name.startswith(FORWARD_PREFIXES) or name in FORWARD_NAMES or name in extra_names:
-            if is_secret_env(name) and not with_secrets and name not in extra_names:
+        if name in SET_HERE and name not in extra_names:
+            continue
+        if name in extra_names or any(fnmatch.fnmatchcase(name, pattern) for pattern in section.forward_env):
+            if is_secret_env(name) and not section.env_secrets and name not in extra_names \
+                    and name not in section.pass_secrets:
                 skipped.append(name)
                 continue
+            chosen[name] = env[name]
+        elif name in section.pass_secrets:
             chosen[name] = env[name]
     for name, item in extra_names.items():
         if "=" in item:
             chosen[name] = item.split("=", 1)[1]
     chosen.update(explicit)
     return chosen, skipped
+
+
+def install_then(section: ContainerSection, inner: list[str]) -> list[str]:
+    """The image's interpreter: install Primus into it at container start, then run ``inner``."""
+    if not section.python or not section.install:
+        return inner
+    py, repo = shlex.quote(section.python), shlex.quote(str(REPO_ROOT))
+    pip = f"{py} -m pip install -qq --disable-pip-version-check --no-deps"
+    # the image's own setuptools first (offline); without `wheel` in an old setuptools, pip's isolated build
+    install = f"{{ {pip} --no-build-isolation -e {repo} 2>/dev/null || {pip} -e {repo}; }}"
+    steps = [install, f"{py} -m primus.prepare core --quiet", f"exec {shlex.join(inner)}"]
+    return ["sh", "-c", " && ".join(steps)]
 
 
 def mounts_for(workspace: Path | None, section: ContainerSection, env: dict[str, str], cwd: Path) -> list[tuple[str, str, str]]:
@@ -161,7 +185,8 @@ def build_container_command(section: ContainerSection, inner: list[str], *, expl
     engine = pick_engine(section.engine, which, dry_run=dry_run)
     kind = gpu_kind(section.gpus, dev)
     devices, notices = _device_flags(engine, kind, dev)
-    passed, skipped = forwarded_env(env, explicit_env, section.env, section.env_secrets)
+    passed, skipped = forwarded_env(env, explicit_env, section)
+    inner = install_then(section, inner)
     passed.setdefault("PYTHONPATH", str(REPO_ROOT))
     if skipped:
         notices.append(f"not passing secret variables {', '.join(skipped)} (use --container-env-secrets)")

@@ -53,6 +53,7 @@ CLI_KEYS = {  # argparse dest -> launcher key
     "run_dir_timeout": "run_dir_timeout", "partition": "slurm.partition", "time": "slurm.time",
     "account": "slurm.account", "gpus_per_node": "slurm.gpus_per_node", "container": "container.image",
     "container_engine": "container.engine", "container_env_secrets": "container.env_secrets",
+    "container_python": "container.python",
 }
 
 
@@ -98,6 +99,8 @@ def node_command(request: NodeRequest, config: LauncherConfig, executor: str, *,
         argv += ["--local-addr", config.local_addr]
     if container:
         argv += ["--container", config.container.image, "--container-engine", config.container.engine]
+        if config.container.python:
+            argv += ["--container-python", config.container.python]
         if config.container.env_secrets:
             argv.append("--container-env-secrets")
     return argv

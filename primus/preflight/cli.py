@@ -40,14 +40,15 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
     """(ModelSpec, ParallelLayout) of one module of an experiment, from its adapter's ``EnginePlan``."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
-    from primus.runtime.registry import backend_defaults
+    from primus.runtime.registry import backend_defaults, backend_derived
 
-    resolved = resolve_experiment(path, overrides, backend_defaults)
+    resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
     _, plan = plan_module(resolved, module, world_size, require_engine=False)
     if plan.model is None or plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
-                          "to estimate (an LLM needs its vocab_size known before the tokenizer loads)")
+                          "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "
+                          "a local pipeline with transformer/config.json or a known Hub name)")
     return plan.model, plan.layout
 
 
@@ -79,15 +80,26 @@ def _preflight(args: argparse.Namespace, overrides: list[str]) -> int:
     executor = config.resolved_executor()
     experiment = None
     if args.exp:  # the layout is judged against the job's world size (shard -1 fills it)
+        from primus.preflight.checks.experiment import experiment_payload
+
         model, layout = load_experiment(args.exp, overrides, args.module, plan_from_config(config).world_size)
-        experiment = {"model": model.model_dump(), "layout": layout.to_dict()}
+        experiment = experiment_payload(model, layout)
     options = build_options(args, experiment)
     if executor in ("local", "multi-node"):
         plan = plan_from_config(config).with_port()
         if args.dry_run:
             print(f"command:    {plan.describe('primus.preflight.worker:worker_main', Path('<options.json>'))}")
             return 0
-        return launch_workers("primus.preflight.worker:worker_main", options, plan).exit_code
+        if plan.nnodes > 1:  # name a node that never comes, and still write the report
+            from primus.preflight.rollcall import nodes_ready
+
+            code = nodes_ready(options, plan)
+            if code is not None:
+                return code
+        result = launch_workers("primus.preflight.worker:worker_main", options, plan)
+        for line in result.failures:
+            print(f"preflight: {line}", file=sys.stderr, flush=True)
+        return result.exit_code
     # every node runs the same preflight, writing one report (rank 0) into one absolute directory
     report_dir = Path(options["report_dir"]).absolute()
     passthrough = ["--report-dir", str(report_dir), "--timeout", str(args.timeout)]

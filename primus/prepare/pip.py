@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
+# Primus' own dependencies (requirements/core.txt), for an image that brings its own torch and got
+# Primus with `pip install --no-deps -e .`: installable before any Primus import works.
+CORE = "core"
 FROZEN = ("torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm")
 NO_DEPS_MARK = "# primus: no-deps"
 _PIN = re.compile(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;#]+)")
@@ -55,15 +58,20 @@ def frozen_pins(names: tuple[str, ...] = FROZEN) -> list[str]:
 
 
 def extras() -> list[str]:
-    """The installable extras: each backend adapter names its own (``requirements/<extra>.txt``)."""
+    """The installable extras: ``core``, and each backend adapter's own (``requirements/<extra>.txt``)."""
     from primus.runtime.registry import adapter_classes
 
-    return sorted({adapter.extra for adapter in adapter_classes()})
+    return sorted({adapter.extra for adapter in adapter_classes()} | {CORE})
+
+
+_NOT_EXTRAS = ("constraints", "test", "torch-cpu")  # requirement files that are not installable extras
 
 
 def plan(extra: str, requirements_dir: Path = REQUIREMENTS) -> Plan:
-    known = extras()
-    if extra not in known:
+    # judged by the files, not by importing the adapters: in an image that got Primus with
+    # `pip install --no-deps -e .`, Primus' own dependencies may not be there yet
+    if extra in _NOT_EXTRAS or not (requirements_dir / f"{extra}.txt").is_file():
+        known = sorted(p.stem for p in requirements_dir.glob("*.txt") if p.stem not in _NOT_EXTRAS)
         raise ValueError(f"unknown extra '{extra}'; known: {', '.join(known)}")
     lines = (requirements_dir / f"{extra}.txt").read_text().splitlines()
     with_deps, no_deps = [], []

@@ -1,21 +1,23 @@
-"""Uniform step metrics: one path from every backend to the console, metrics.jsonl and plots.
+"""Uniform step metrics: one path from every backend to the console, metrics.jsonl and trackers.
 
 Backends hand in what they measured (``StepReport``); ``MetricsReporter`` derives the rates
-the same way for everyone and prints one ``[TRAIN]`` line per step on the reporting rank.
+once, the same way for everyone, and hands the record to each sink on the reporting rank
+(``primus/runtime/sinks/``: metrics.jsonl, the ``[TRAIN]`` console line, TensorBoard, W&B,
+MLflow). A new destination is one small sink class.
 """
 from __future__ import annotations
 
-import json
-import logging
+import math
 import resource
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from primus.runtime.rundir import RunDir, reopen_if_deleted
+if TYPE_CHECKING:
+    from primus.runtime.sinks import MetricSink
 
-logger = logging.getLogger("primus.metrics")
 
 
 @dataclass
@@ -50,6 +52,18 @@ class StepMetrics:
     grad_norm: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def scalars(self) -> dict[str, float]:
+        """Every number of the record but the step, flat (``extra`` keys included), for trackers:
+        the same names as metrics.jsonl; fields without a value (None) are left out, not zeroed."""
+        out = {key: float(value) for key, value in vars(self).items()
+               if key not in ("step", "extra") and value is not None}
+        out.update({key: float(value) for key, value in self.extra.items() if _is_number(value)})
+        return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
 
 def peak_memory_gb(device: str) -> float:
     """Peak device memory on GPU; peak resident set size of this process on CPU."""
@@ -81,82 +95,54 @@ def derive(report: StepReport, *, world_size: int, device: str, peak_tflops: flo
 
 
 def format_train_line(m: StepMetrics) -> str:
+    """The seed's line, its fields in its order (``... samples_per_sec_per_gpu= mem=``), so a
+    parser written for it keeps working; Primus' extras follow ``mem=``."""
+
     def num(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
     mfu = "n/a" if m.mfu is None else f"{100 * m.mfu:.2f}%"
-    return (
+    line = (
         f"[TRAIN] step={m.step} loss={m.loss:.4f} step_time={m.step_time:.3f}s "
         f"samples_per_sec={m.samples_per_sec:.2f} samples_per_sec_per_gpu={m.samples_per_sec_per_gpu:.2f} "
-        f"tokens_per_sec={num(m.tokens_per_sec, '.1f')} tflops={num(m.tflops, '.4f')} "
-        f"mfu={mfu} mem={m.mem_gb:.2f}GB"
+        f"mem={m.mem_gb:.2f}GB "
+        f"tokens_per_sec={num(m.tokens_per_sec, '.1f')} tflops={num(m.tflops, '.4f')} mfu={mfu}"
     )
+    if m.lr is not None:
+        line += f" lr={m.lr:.4g}"
+    if m.grad_norm is not None:
+        line += f" grad_norm={m.grad_norm:.4f}"
+    for key, value in m.extra.items():
+        if _is_number(value):
+            line += f" {key}={value:.4g}" if isinstance(value, float) and math.isfinite(value) else f" {key}={value}"
+    return line
 
 
 class MetricsReporter:
-    """Writes metrics.jsonl, TensorBoard events (if installed) and the console line."""
+    """Derives each step once and fans it out to the sinks; only the reporting rank (0) has sinks.
+
+    Default sinks: metrics.jsonl, the console line, TensorBoard (if installed and enabled);
+    ``extra_sinks`` (experiment trackers) follow them.
+    """
 
     def __init__(self, run_dir: Path, *, rank: int, world_size: int, device: str,
-                 peak_tflops: float | None, enable_tensorboard: bool = True):
+                 peak_tflops: float | None, enable_tensorboard: bool = True,
+                 extra_sinks: Sequence["MetricSink"] = ()):
+        from primus.runtime.sinks import standard_sinks
+
         self.rank, self.world_size, self.device, self.peak = rank, world_size, device, peak_tflops
-        self.history: list[StepMetrics] = []
-        self._jsonl = None
-        self._tb = None
-        if rank != 0:
-            return
-        self.path = RunDir(run_dir).metrics
-        self._jsonl = self.path.open("a", encoding="utf-8")
-        if enable_tensorboard:
-            self._tb = _tensorboard_writer(run_dir / "tensorboard")
+        self.sinks: list[MetricSink] = []
+        if rank == 0:
+            self.sinks = [*standard_sinks(run_dir, enable_tensorboard=enable_tensorboard), *extra_sinks]
 
     def report(self, report: StepReport) -> StepMetrics:
         metrics = derive(report, world_size=self.world_size, device=self.device, peak_tflops=self.peak)
-        self.history.append(metrics)
-        if self._jsonl is not None:
-            self._jsonl = reopen_if_deleted(self._jsonl, self.path, _warn_reopened)  # (rel: #16 item 7)
-            self._jsonl.write(json.dumps(vars(metrics)) + "\n")  # flat fields: no deep-copying asdict()
-            self._jsonl.flush()
-            logger.info(format_train_line(metrics))
-        if self._tb is not None:
-            self._tb.write(metrics)
+        for sink in self.sinks:
+            sink.write(metrics)
         return metrics
 
-    def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-
-
-def _warn_reopened(path: Path) -> None:
-    logger.warning("%s was deleted during the run: reopened it; the steps before this one are not in it", path)
-
-
-class _TensorBoardScalars:
-    """The step's scalars as ONE TensorBoard event (a Summary with several values, as TensorBoard
-    itself writes them): a third of the cost of one ``add_scalar`` call per tag."""
-
-    KEYS = ("loss", "step_time", "samples_per_sec", "tokens_per_sec", "tflops", "mem_gb", "lr")
-
-    def __init__(self, writer, summary_cls):
-        self.writer, self.summary_cls = writer, summary_cls
-
-    def write(self, metrics: StepMetrics) -> None:
-        values = [self.summary_cls.Value(tag=f"train/{key}", simple_value=float(value))
-                  for key in self.KEYS if (value := getattr(metrics, key)) is not None]
-        self.writer.file_writer.add_summary(self.summary_cls(value=values), metrics.step)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def _tensorboard_writer(path: Path):
-    try:
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        logger.info("TensorBoard not installed: skipping event files (pip install tensorboard)")
-        return None
-    return _TensorBoardScalars(SummaryWriter(str(path)), Summary)
+    def close(self, status: str = "completed") -> None:
+        """``status``: how the run ended (completed, failed, preempted), for trackers that record it."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(status)

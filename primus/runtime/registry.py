@@ -44,3 +44,10 @@ def backend_defaults(framework: str, stage: str, where_framework: str = "framewo
                      where_stage: str = "stage") -> dict:
     adapter = get_adapter(framework, where_framework)
     return adapter.defaults(adapter.canonical_stage(stage, where_stage))
+
+
+def backend_derived(framework: str, params: dict) -> list:
+    """What the backend sets itself from ``params`` (e.g. ``primus.tiny_assets`` paths), as
+    ``(dotted key, value, reason)``; resolution applies it last and records it as derived."""
+    derive = getattr(get_adapter(framework), "derived_params", None)
+    return derive(params) if derive is not None else []

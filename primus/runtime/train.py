@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from primus.config.secrets import restore_secrets, secret_values
-from primus.logs.setup import setup_logging
+from primus.logs.setup import engine_output_to_log, engine_warning_summary, setup_logging
 from primus.runtime.adapter import EnginePlan, ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import device_peak
 from primus.runtime.metrics import MetricsReporter
+from primus.runtime.sinks.trackers import tracker_sinks
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import Preempted, StopSignal
 from primus.runtime.rundir import ExitCode, RunDir
@@ -62,7 +63,8 @@ def train_worker(payload: dict[str, Any]) -> int:
     peak, peak_source = device_peak(device_name, primus_opts.get("peak_dtype", "bf16"),
                                     primus_opts.get("peak_tflops"), probe=rank == 0)
     reporter = MetricsReporter(run_dir, rank=rank, world_size=world_size, device=device, peak_tflops=peak,
-                               enable_tensorboard=primus_opts.get("tensorboard", True))
+                               enable_tensorboard=primus_opts.get("tensorboard", True),
+                               extra_sinks=tracker_sinks(tree, module_name, run_dir, rank=rank))  # W&B, MLflow
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     resume = bool(payload.get("resume")) or restarts > 0  # a restarted worker continues from its checkpoint
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
@@ -74,13 +76,17 @@ def train_worker(payload: dict[str, Any]) -> int:
                           stage=adapter.canonical_stage(section["stage"]), params=params)
     logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),
                 device_name, rank, world_size, module.stage)
+    status = "failed"  # what the trackers record as the run's end
     logger.info("MFU peak: %s TFLOP/s per device (%s)", "n/a" if peak is None else f"{peak:.4g}", peak_source)
     try:
         # the same plan the launcher built, rebuilt from config.resolved.yaml for this rank's run dir and device
         plan = _HANDED_OVER.pop((str(run_dir), module_name), None) or \
             adapter.plan(module, world_size, run_dir=run_dir, device=device)
-        adapter.run(plan, ctx)
+        with engine_output_to_log():  # the engine's own prints and progress bars: this rank's debug.log
+            adapter.run(plan, ctx)
+        status = "completed"
     except Preempted as stop:
+        status = "preempted"
         logger.warning("rank %d %s", rank, stop)
         if rank == 0:
             RunDir(run_dir).mark_preempted(stop.step, stop.checkpointed)
@@ -92,5 +98,7 @@ def train_worker(payload: dict[str, Any]) -> int:
         logger.exception("rank %d failed", rank)
         raise
     finally:
-        reporter.close()
+        reporter.close(status)
+        if summary := engine_warning_summary():  # engine warnings stayed in warning.log: say so once
+            logger.info(summary)
     return 0

@@ -131,3 +131,19 @@ def test_cli_one_process(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "primus.cli.main", "preflight", "--tests", "allgathr"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "did you mean 'allgather'" in bad.stderr
+
+
+def test_cli_checks_a_wan_experiment(tmp_path):
+    """A Wan 2.2 experiment (AutoModel) is planned by preflight's experiment check, not refused."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "primus.cli.main", "preflight",
+                           str(root / "examples" / "nemo_automodel" / "wan2_2_tiny-cpu.yaml"), "--quick",
+                           "--tests", "gemm", "--timeout", "20", "--report-dir", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")},
+                               "PRIMUS_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    found = [f for f in report["findings"] if f["check"] == "experiment"]
+    assert any("parameters per expert" in f["message"] and "tokens/sample" in f["message"] for f in found), found
+    assert found[0]["details"]["plan"]["kind"] == "wan"

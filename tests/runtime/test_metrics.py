@@ -6,6 +6,7 @@ from primus.plan.model import ModelSpec
 from primus.plan.devices import device_key, peak_tflops
 from primus.plan.flops import dense_decoder_flops_per_token
 from primus.runtime.metrics import MetricsReporter, StepReport, derive, format_train_line
+from tests.conftest import SEED_TRAIN_LINE
 
 
 def test_rates_are_derived_from_the_step_report():
@@ -16,9 +17,21 @@ def test_rates_are_derived_from_the_step_report():
     assert m.mfu is None  # unknown peak on CPU: n/a, not invented
     assert m.mem_gb > 0  # peak RSS on CPU
     line = format_train_line(m)
+    assert SEED_TRAIN_LINE.match(line), line
     assert line.startswith("[TRAIN] step=3 loss=2.5000 step_time=0.500s samples_per_sec=16.00 "
-                           "samples_per_sec_per_gpu=8.00 tokens_per_sec=2048.0 tflops=4.0000 mfu=n/a mem=")
-    assert line.endswith("GB")
+                           "samples_per_sec_per_gpu=8.00 mem=")
+    assert line.endswith("GB tokens_per_sec=2048.0 tflops=4.0000 mfu=n/a")
+
+
+def test_train_line_keeps_the_seed_fields_first_then_extras():
+    m = derive(StepReport(step=7, loss=float("nan"), step_time_s=2.0, samples=4, lr=3e-4, grad_norm=1.5,
+                          extra={"load_balancing_loss": 0.0123, "micro_batches": 2, "note": "text"}),
+               world_size=4, device="cpu", peak_tflops=None)
+    line = format_train_line(m)
+    assert SEED_TRAIN_LINE.match(line), line  # a NaN loss still parses
+    tail = line.split("GB ", 1)[1]
+    assert tail == "tokens_per_sec=n/a tflops=n/a mfu=n/a lr=0.0003 grad_norm=1.5000 load_balancing_loss=0.0123 " \
+                   "micro_batches=2"  # non-numeric extras stay in metrics.jsonl only
 
 
 def test_mfu_against_a_known_peak():

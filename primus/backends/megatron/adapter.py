@@ -32,8 +32,8 @@ def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] 
         params.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / "tokenizer"),
                       data_path=[str(root / TINY_PREFIX)], mock_data=False)
         if derived is not None:
-            derived.append(("tokenizer_model", params["tokenizer_model"], "primus.tiny_assets"))
-            derived.append(("data_path", params["data_path"], "primus.tiny_assets"))
+            derived += [(key, params[key], "primus.tiny_assets")
+                        for key in ("tokenizer_type", "tokenizer_model", "data_path", "mock_data")]
     return params
 
 
@@ -95,6 +95,12 @@ class MegatronAdapter(BackendAdapter):
         log(f"building the tiny tokenizer, corpus and Megatron .bin/.idx in {root} (primus.tiny_assets)")
         assets = ensure_tiny_assets(root)
         build_indexed_dataset(assets["corpus_file"], assets["tokenizer"], root / TINY_PREFIX)
+
+    def derived_params(self, params: dict[str, Any]) -> list[tuple[str, Any, str]]:
+        """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18)."""
+        derived: list[tuple[str, Any, str]] = []
+        megatron_params(params, derived)
+        return derived
 
     def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
         if tiny_assets_dir(plan.module.params) is not None:

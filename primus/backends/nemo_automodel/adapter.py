@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from primus.backends.nemo_automodel.config import EXPERTS, build_handoff
+from primus.backends.nemo_automodel.plan import plan_inputs_if_known as wan_plan_inputs
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
@@ -72,6 +73,7 @@ class AutoModelAdapter(BackendAdapter):
         restore = plan.engine_config["checkpoint"].get("restore_from")
         if restore and restore != "LATEST":
             plan.checkpoint = CheckpointSpec(checkpoint_dir, load=str(restore))
+        plan.model, plan.layout = wan_plan_inputs(module.params, world_size)  # ux (#18): Wan for plan/preflight
         return plan
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:

@@ -26,6 +26,7 @@ def _with_tiny_assets(params: dict[str, Any], derived: list[tuple[str, Any, str]
     if derived is not None:
         derived.append(("hf_assets_path", params["hf_assets_path"], "primus.tiny_assets"))
         derived.append(("dataloader.dataset_path", params["dataloader"]["dataset_path"], "primus.tiny_assets"))
+        derived.append(("dataloader.dataset", "jsonl", "primus.tiny_assets"))
     return params
 
 
@@ -83,6 +84,12 @@ class TorchTitanAdapter(BackendAdapter):
         for key, value, reason in [*derived, *more]:
             plan.derive(key, value, reason)
         return plan
+
+    def derived_params(self, params: dict[str, Any]) -> list[tuple[str, Any, str]]:
+        """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18)."""
+        derived: list[tuple[str, Any, str]] = []
+        _with_tiny_assets(params, derived)
+        return derived
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
         root = tiny_assets_dir(plan.module.params)

@@ -218,6 +218,24 @@ def _torch_step_lacks_presplit() -> bool:
     return "arg_mbs" not in inspect.signature(PipelineScheduleSingle.step).parameters
 
 
+def peak_flops_from_primus_table() -> None:
+    """torchtitan 0.3.0's ``get_peak_flops`` (called by its Trainer and MetricsProcessor) runs
+    ``lspci`` (absent on most containers: "Error running lspci") and, for any name it does not
+    know (CPU, MI250, ...), warns "Peak flops undefined ..., fallback to A100" and uses A100's
+    peak. Primus computes MFU itself, the same way for every backend (``primus.plan.devices``),
+    so TorchTitan's look-up answers from that table, silently; unknown is +inf (its own MFU,
+    unused by Primus, reads 0 instead of a number against the wrong device)."""
+    import torchtitan.tools.utils as utils
+
+    from primus.plan.devices import peak_tflops
+
+    def primus_peak_flops(device_name: str) -> float:
+        peak = peak_tflops(device_name)
+        return peak * 1e12 if peak else float("inf")
+
+    utils.get_peak_flops = primus_peak_flops
+
+
 def checkpoint_on_transient_group() -> None:
     """TorchTitan's synchronous checkpoint save/load calls ``dcp.save``/``dcp.load`` on the default
     process group. On a CPU host (gloo) with more than one intra-op thread, the plan gathers leave
@@ -262,6 +280,8 @@ PATCHES = [
           _dtensor_lacks_cpu_rng, sharded_init_on_cpu),
     Patch("pipeline_presplit_microbatches", pipeline_presplit_microbatches.__doc__, "torchtitan",
           SpecifierSet(">=0.3,<0.4"), _torch_step_lacks_presplit, pipeline_presplit_microbatches),
+    Patch("peak_flops_from_primus_table", peak_flops_from_primus_table.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), lambda: True, peak_flops_from_primus_table),
     Patch("checkpoint_on_transient_group", checkpoint_on_transient_group.__doc__, "torchtitan",
           SpecifierSet(">=0.3,<0.4"), _no_cuda, checkpoint_on_transient_group),
 ]

@@ -9,6 +9,7 @@ from primus.preflight.checks import COLLECTED, Context, module
 from primus.preflight.findings import LEVELS, Finding, fail, info
 from primus.preflight.options import PreflightOptions
 from primus.preflight.perf.collectives import BUS_FACTOR_DOC, combine
+from primus.preflight.perf.expected import expected_findings
 from primus.preflight.perf.stragglers import find_stragglers, link_values
 
 SCHEMA = "primus.preflight.report/1"
@@ -86,6 +87,7 @@ def build_report(opts: PreflightOptions, thresholds: dict[str, Any], ctx: Contex
     all_findings = list(findings) + _evaluate_checks(opts, ctx, facts)
     measurements = _measurements(results, ctx.hosts)
     all_findings += _performance_findings(measurements, ctx.hosts, thresholds, results, ctx.world_size)
+    all_findings += expected_findings(measurements, facts, thresholds, ctx.hosts)
     all_findings.sort(key=lambda f: -LEVELS.index(f.level))
     counts = {level: sum(f.level == level for f in all_findings) for level in LEVELS}
     return {

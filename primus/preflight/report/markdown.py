@@ -5,12 +5,7 @@ from typing import Any
 
 import yaml
 
-
-def fmt_size(size: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale} {unit}"
-    return f"{size} B"
+from primus.preflight.report.tables import collective_tables, hosts_label, measurement_table, rank_table, topologies
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -21,27 +16,8 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def rank_rows(report: dict[str, Any]) -> list[list[Any]]:
-    rows = []
-    for r, facts in report["ranks"].items():
-        ident, acc = facts.get("identity", {}), facts.get("accelerators", {})
-        name = acc["devices"][acc["local_device"]]["name"] if acc.get("available") else "none (CPU)"
-        rows.append([r, ident.get("host"), ident.get("local_rank"), ident.get("device"), name])
-    return rows
-
-
-def collective_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
-    """(title, headers, rows) per op and group, shared by Markdown and PDF."""
-    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in report["measurements"]["collectives"]:
-        grouped.setdefault((row["op"], row["group"]), []).append(row)
-    out = []
-    for (op, group), rows in grouped.items():
-        title = f"{op} on {group} (n={rows[0]['n']}, busbw = algbw x {rows[0]['bus_factor']:.3g})"
-        out.append((title, ["size", "time (us)", "algbw (GB/s)", "busbw (GB/s)"],
-                    [[fmt_size(r["size"]), f"{r['seconds'] * 1e6:.1f}", f"{r['algbw_gbps']:.3f}",
-                      f"{r['busbw_gbps']:.3f}"] for r in rows]))
-    return out
+def _table_with_note(note: str | None, headers: list[str], rows: list[list[Any]]) -> list[str]:
+    return ([note] if note else []) + [table(headers, rows)]
 
 
 def render_markdown(report: dict[str, Any], images: dict[str, str]) -> str:
@@ -50,23 +26,23 @@ def render_markdown(report: dict[str, Any], images: dict[str, str]) -> str:
     parts = [
         f"# Primus preflight: {report['status'].upper()}",
         f"{report['created']} | world size {world['world_size']} | {len(world['joined'])} rank(s) joined | "
-        f"hosts: {', '.join(hosts) or 'none'} | device {world['device']} | exit status {report['exit_code']} "
+        f"{len(hosts)} host(s): {hosts_label(hosts) or 'none'} | device {world['device']} | exit status {report['exit_code']} "
         f"({report['counts']['fail']} fail, {report['counts']['warn']} warn, {report['counts']['info']} info)",
         "## Findings",
         table(["level", "check", "message", "ranks"],
               [[f["level"].upper(), f["check"], f["message"], ",".join(map(str, f["ranks"]))] for f in report["findings"]]),
         "## Ranks",
-        table(["rank", "host", "local rank", "device", "accelerator"], rank_rows(report)),
+        *_table_with_note(*rank_table(report)),
     ]
+    for hosts, text in topologies(report):
+        parts += [f"## GPU topology: {hosts_label(hosts)}", "```\n" + text + "\n```"]
     m = report["measurements"]
     if m["gemm"]:
-        parts += ["## GEMM", table(["rank", "host", "dtype", "n", "GFLOP/s"],
-                                   [[g["rank"], g["host"], g["dtype"], g["n"], f"{g['gflops']:.1f}"] for g in m["gemm"]])]
+        parts += ["## GEMM", *_table_with_note(*measurement_table(report, "gemm"))]
         if "gemm" in images:
             parts.append(f"![GEMM per rank]({images['gemm']})")
     if m["membw"]:
-        parts += ["## Memory bandwidth", table(["rank", "host", "bytes", "GB/s"],
-                                               [[b["rank"], b["host"], fmt_size(b["bytes"]), f"{b['gbps']:.1f}"] for b in m["membw"]])]
+        parts += ["## Memory bandwidth", *_table_with_note(*measurement_table(report, "membw"))]
     if m["collectives"]:
         parts.append("## Collectives")
         parts.append("busbw formulas (nccl-tests): " + "; ".join(f"{op}: {f}" for op, f in report["formulas"]["busbw"].items()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from primus.preflight.report.markdown import collective_tables, rank_rows
+from primus.preflight.report.tables import collective_tables, hosts_label, measurement_table, rank_table, topologies
 
 LEVEL_COLOURS = {"fail": (200, 40, 40), "warn": (190, 120, 0), "info": (60, 60, 60)}
 
@@ -50,15 +50,27 @@ def render_pdf(report: dict[str, Any], images: dict[str, str], out_dir: Path, pa
     grid(["level", "check", "message", "ranks"],
          [[f["level"].upper(), f["check"], f["message"], ",".join(map(str, f["ranks"]))[:40]] for f in report["findings"]],
          (10, 18, 60, 12))
+    def note_and_grid(note: str | None, headers: list[str], rows: list[list[Any]]) -> None:
+        if note:
+            pdf.multi_cell(0, 4.5, _text(note), new_x="LMARGIN", new_y="NEXT")
+        grid(headers, rows)
+
     heading("Ranks")
-    grid(["rank", "host", "local rank", "device", "accelerator"], rank_rows(report))
+    note_and_grid(*rank_table(report))
+    for hosts, text in topologies(report):
+        heading(f"GPU topology: {hosts_label(hosts)}")
+        pdf.set_font("Courier", size=6)
+        pdf.multi_cell(0, 3, _text(text), new_x="LMARGIN", new_y="NEXT")
+        pdf.set_font("Helvetica", size=8)
     m = report["measurements"]
     if m["gemm"]:
         heading("GEMM per rank")
-        grid(["rank", "host", "dtype", "n", "GFLOP/s"],
-             [[g["rank"], g["host"], g["dtype"], g["n"], f"{g['gflops']:.1f}"] for g in m["gemm"]])
+        note_and_grid(*measurement_table(report, "gemm"))
         if "gemm" in images:
             pdf.image(str(out_dir / images["gemm"]), w=170)
+    if m["membw"]:
+        heading("Memory bandwidth per rank")
+        note_and_grid(*measurement_table(report, "membw"))
     if m["collectives"]:
         heading("Collectives")
         pdf.multi_cell(0, 4.5, _text("busbw (nccl-tests): " + "; ".join(f"{op}: {f}" for op, f in report["formulas"]["busbw"].items())),

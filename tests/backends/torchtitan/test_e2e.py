@@ -2,11 +2,12 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import TINY_EXAMPLE
+from tests.conftest import TINY_EXAMPLE, assert_seed_train_lines
 
 pytestmark = [pytest.mark.e2e]
 pytest.importorskip("torchtitan")
@@ -33,6 +34,8 @@ def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, worksp
     train_lines = [l for l in result.stdout.splitlines() if "[TRAIN] step=" in l]
     assert len(train_lines) == 20 and "tokens_per_sec=" in train_lines[0]
     assert re.search(r" mfu=\d+\.\d+% ", train_lines[0]), train_lines[0]  # a number on CPU too
+    assert_seed_train_lines(result.stdout, list(range(1, 21)))  # the seed PR's regex, mem= after ..._per_gpu=
+    _assert_clean_console(result, run_dir)
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "completed" and manifest["exit_code"] == 0
@@ -57,8 +60,28 @@ def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, worksp
     assert len(_metrics(run_dir)) == 20
 
 
+ENGINE_NOISE = ("lspci", "fallback to A100", "UserWarning", "Generating train split", "safetensors.index.json")
+
+
+def _assert_clean_console(result, run_dir):
+    """The README's main job: Primus' lines and [TRAIN] lines only; engine warnings in warning.log."""
+    console = result.stdout + result.stderr
+    assert not [noise for noise in ENGINE_NOISE if noise in console], console[-3000:]
+    records = [line for line in result.stdout.splitlines() if "] [pre_trainer] " in line]
+    assert records and all(re.search(r"\] (INFO|WARNING|ERROR) primus(\.\w+)*: ", line) for line in records), \
+        [line for line in records if " primus" not in line][:3]
+    warning_log = run_dir / "logs" / "pre_trainer" / "rank-0" / "warning.log"
+    summary = re.search(r"(\d+) engine warnings? → (\S+warning\.log) \(--verbose shows them\)", result.stdout)
+    assert summary and Path(summary.group(2)).resolve() == warning_log.resolve()
+    logged = warning_log.read_text()
+    assert int(summary.group(1)) == logged.count(" WARNING ") > 0  # counted what was kept off the console
+    assert "UserWarning" in logged and "safetensors.index.json" in logged
+    assert "fallback to A100" not in logged and "lspci" not in logged  # peak look-up answers from Primus' table
+
+
 def test_two_ranks_fsdp(run_primus, workspace):
-    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=two", "training.steps=8")
+    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=two", "training.steps=8",
+                        "--verbose")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = _run_dir(workspace, "two")
     rows = _metrics(run_dir)
@@ -66,6 +89,7 @@ def test_two_ranks_fsdp(run_primus, workspace):
     assert rows[0]["samples_per_sec"] == pytest.approx(2 * rows[0]["samples_per_sec_per_gpu"])
     assert {p.name for p in (run_dir / "logs" / "pre_trainer").iterdir()} == {"rank-0", "rank-1"}
     assert result.stdout.count("[TRAIN] step=1 ") == 1  # one banner, not one per rank
+    assert "UserWarning" in result.stdout and "engine warning" not in result.stdout  # --verbose: shown, not counted
     rank1 = (run_dir / "logs" / "pre_trainer" / "rank-1" / "info.log").read_text()
     assert "[rank 1/2]" in rank1 and "Applied FSDP" in rank1
 

@@ -16,7 +16,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_patches_are_named_gated_and_explained():
     names = [p.name for p in PATCHES]
     assert names == ["cpu_device_type", "triton_import_stub", "set_timeout_alias", "gloo_sum_reduction",
-                     "sharded_init_on_cpu", "pipeline_presplit_microbatches", "checkpoint_on_transient_group"]
+                     "sharded_init_on_cpu", "pipeline_presplit_microbatches", "peak_flops_from_primus_table",
+                     "checkpoint_on_transient_group"]
     for patch in PATCHES:
         assert patch.why and str(patch.versions) and patch.applies() in (True, False)
 
@@ -135,3 +136,12 @@ def test_pipeline_presplit_microbatches(tmp_path, mode, ok):
         assert result.returncode == 0 and "losses True" in result.stdout, result.stderr[-2000:]
     else:
         assert result.returncode != 0 and "arg_mbs" in result.stderr  # the upstream failure
+def test_peak_flops_from_primus_table():
+    probe = ("import logging, sys; logging.basicConfig(stream=sys.stdout, level=logging.WARNING); {setup}; "
+             "import torchtitan.tools.utils as u; print(u.get_peak_flops('cpu'), u.get_peak_flops('AMD Instinct MI300X'))")
+    bare = _python(probe.format(setup="from primus.backends.torchtitan.patches import triton_import_stub as t; t()"))
+    assert "fallback to A100" in bare.stdout and bare.stdout.split()[-2] == "312000000000000.0"  # CPU "is" an A100
+    fixed = _python(probe.format(setup="from primus.backends.torchtitan.patches import apply_patches; apply_patches()"))
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert "fallback" not in fixed.stdout and "lspci" not in fixed.stdout
+    assert fixed.stdout.split() == ["inf", "1307400000000000.0"]  # Primus' table, the one MFU uses

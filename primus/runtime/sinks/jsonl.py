@@ -1,0 +1,29 @@
+"""metrics.jsonl: one JSON object per step, flushed, the run's record of truth."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from primus.runtime.metrics import StepMetrics
+from primus.runtime.rundir import reopen_if_deleted
+from primus.runtime.sinks import MetricSink
+
+
+class JsonlSink(MetricSink):
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, metrics: StepMetrics) -> None:
+        self._file = reopen_if_deleted(self._file, self.path, _warn_reopened)
+        self._file.write(json.dumps(vars(metrics)) + "\n")  # flat fields: no deep-copying asdict()
+        self._file.flush()
+
+    def close(self, status: str = "completed") -> None:
+        self._file.close()
+
+
+def _warn_reopened(path: Path) -> None:
+    logging.getLogger("primus.metrics").warning(
+        "%s was deleted during the run: reopened it; the steps before this one are not in it", path)
