@@ -19,7 +19,7 @@ from primus.config.errors import ConfigError
 from primus.config.overrides import overrides_layer, parse_overrides
 from primus.config.presets import CONFIGS_ROOT, display_path, find_preset, load_with_extends
 from primus.config.provenance import Provenance, Source, merge_layer
-from primus.config.schema import ExperimentSpec, ModuleSpec, validate_model
+from primus.config.schema import ExperimentSpec, LoggingSpec, ModuleSpec, validate_model
 from primus.config.secrets import redact_tree
 from primus.config.yaml_source import Layer
 
@@ -34,6 +34,7 @@ class ResolvedModule:
     config: str | None
     model: str | None
     params: dict[str, Any]
+    translations: list[Any] = field(default_factory=list)  # primus.compat.Translation, AMD Primus names
 
 
 @dataclass
@@ -48,7 +49,8 @@ class ResolvedExperiment:
         head = self.spec.model_dump(exclude={"modules"})
         head["modules"] = {
             name: {"framework": m.framework, "stage": m.stage, "config": m.config, "model": m.model,
-                   "params": m.params}
+                   "params": m.params,
+                   **({"translated": [t.to_dict() for t in m.translations]} if m.translations else {})}
             for name, m in self.modules.items()
         }
         return head
@@ -136,6 +138,7 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     for name, module in spec.modules.items():
         params: dict[str, Any] = {}
         prefix = f"modules.{name}"
+        stage_explicit = bool(provenance.chain(f"{prefix}.stage"))  # before params share the key's namespace
         if backend_defaults is not None:
             defaults = backend_defaults(module.framework, module.stage,
                                         provenance.describe(f"{prefix}.framework"),
@@ -147,8 +150,24 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
         merge_layer(params, _overrides_as_layer(name, module, provenance), provenance, prefix=prefix)
         if param_items.get(name):
             merge_layer(params, overrides_layer(param_items[name]), provenance, prefix=prefix)
-        modules[name] = ResolvedModule(name, module.framework, module.stage, module.config, module.model, params)
+        stage, translations = _translate_amd_names(name, module, params, spec, provenance, stage_explicit)
+        modules[name] = ResolvedModule(name, module.framework, stage, module.config, module.model, params,
+                                       translations)
     return ResolvedExperiment(source=source, spec=spec, modules=modules, provenance=provenance)
+
+
+def _translate_amd_names(name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,
+                         provenance: Provenance, stage_explicit: bool):
+    """AMD Primus's spellings -> ours (primus/compat), in place; the module's stage may follow them."""
+    from primus.compat import translate_module
+
+    experiment = {"logging": spec.logging.model_dump()}
+    stage, translations = translate_module(
+        name, module.framework, params, stage=module.stage,
+        stage_explicit=stage_explicit, experiment=experiment,
+        provenance=provenance)
+    spec.logging = validate_model(LoggingSpec, experiment["logging"], provenance, "logging")
+    return stage, translations
 
 
 def format_why(resolved: ResolvedExperiment, key: str) -> str:

@@ -126,10 +126,20 @@ def test_neutral_model_error_points_into_model_block():
     assert "did you mean 'n_layers'" in str(exc.value)
 
 
+def _preset(path):
+    """A module preset with its extends: chain merged (the resolver's own loader)."""
+    from primus.config.presets import load_with_extends
+
+    merged = {}
+    for layer in load_with_extends(path, "module preset"):
+        merged.update(layer.data)
+    return merged
+
+
 def test_defaults_exclude_model_shape_and_match_the_preset():
     defaults = default_args()
     assert not MODEL_SHAPE_KEYS & set(defaults)
-    preset = yaml.safe_load((REPO / "primus/configs/modules/megatron/pre_trainer.yaml").read_text())
+    preset = _preset(REPO / "primus/configs/modules/megatron/pre_trainer.yaml")
     assert not MODEL_SHAPE_KEYS & set(preset)
     parse_args({**preset, **params()})  # every preset key is a known Megatron argument
 
@@ -149,7 +159,7 @@ def test_example_experiments_validate(example):
     module = experiment["modules"]["pre_trainer"]
     assert module["framework"] == "megatron"
     merged = dict(default_args())
-    merged.update(yaml.safe_load((REPO / "primus/configs/modules/megatron" / module["config"]).read_text()))
+    merged.update(_preset(REPO / "primus/configs/modules/megatron" / module["config"]))
     model_file = REPO / "primus/configs/models/common" / module["model"]
     merged.update(yaml.safe_load(model_file.read_text()))
     merged.update(module.get("overrides", {}))
