@@ -6,6 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from primus.compat.runtime import check_runnable
 from primus.config.errors import ConfigError
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
 from primus.config.schema import PrimusOptions, validate_model
@@ -42,6 +43,20 @@ def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, che
     return adapter
 
 
+def validate_keys(resolved: ResolvedExperiment, module: ResolvedModule) -> bool:
+    """Every key against the backend's own tables without importing the engine (``validate --no-engine``).
+    False when the backend has no such table (its keys are the engine's config classes)."""
+    adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
+    stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
+    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,
+                   f"modules.{module.name}.primus")
+    check = getattr(adapter, "validate_keys", None)
+    if check is None:
+        return False
+    check(ModuleConfig.of(module, stage), resolved.provenance)
+    return True
+
+
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: str, dry_run: bool, argv: list[str]) -> int:
     adapter = validate_module(resolved, module, check_paths=True)
@@ -57,6 +72,7 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
         print(f"processes:  {plan.world_size} ({plan.nnodes} node(s) x {plan.nproc_per_node})")
         print(f"command:    {plan.describe(TRAIN_TARGET, payload_path)}")
         return 0
+    check_runnable(module)  # an AMD Primus feature this Primus cannot honour stops here (primus/compat)
     if is_follower(plan):  # multi-node: node 0 owns the run dir (primus/launch/multinode.py)
         return run_follower_node(resolved, module, adapter, plan, run_dir, resume)
     make_run_dir(run_dir)

@@ -10,12 +10,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from primus.compat.runtime import announce, localize_hub_tokenizer, translations_of
+from primus.config.errors import ConfigError
 from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import setup_logging
 from primus.runtime.adapter import ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import peak_tflops
-from primus.runtime.metrics import MetricsReporter
+from primus.runtime.metrics import MetricsReporter, StepAverages
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER, Preempted, StopSignal
 from primus.runtime.rundir import read_resolved_config, record_restart
@@ -51,12 +53,24 @@ def train_worker(payload: dict[str, Any]) -> int:
     if primus_opts.get("hf_token"):
         os.environ.setdefault("HF_TOKEN", primus_opts["hf_token"])
     peak = peak_tflops(device_name, primus_opts.get("peak_dtype", "bf16"), primus_opts.get("peak_tflops"))
+    averages = StepAverages(primus_opts.get("avg_skip_steps", 0), primus_opts["avg_window"]) \
+        if primus_opts.get("avg_window") else None
     reporter = MetricsReporter(run_dir, rank=rank, world_size=world_size, device=device, peak_tflops=peak,
-                               enable_tensorboard=primus_opts.get("tensorboard", True))
+                               enable_tensorboard=primus_opts.get("tensorboard", True), averages=averages)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     resume = bool(payload.get("resume")) or restarts > 0  # a restarted worker continues from its checkpoint
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
-                     logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install())
+                     logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install(),
+                     save_last_checkpoint=primus_opts.get("save_last_checkpoint", True))
+    # AMD Primus names (primus/compat): say what each became; fetch a Hub tokenizer once
+    announce(translations_of(section), logger.info, ctx.log_derived)
+    try:
+        params = localize_hub_tokenizer(section["framework"], params, local_rank=local_rank,
+                                        log_derived=ctx.log_derived)
+    except ConfigError as exc:
+        logger.error("rank %d: %s", rank, exc)
+        reporter.close()
+        return exc.exit_code
     if restarts and rank == 0:
         record_restart(run_dir, restarts)
         logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint", restarts)

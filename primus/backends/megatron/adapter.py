@@ -61,15 +61,18 @@ class MegatronAdapter(BackendAdapter):
         build_indexed_dataset(assets["corpus_file"], assets["tokenizer"], root / TINY_PREFIX)
 
     def validate(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
+        self.validate_keys(module, provenance)
+        self.import_engine()
+
+    def validate_keys(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
+        """Every key against Megatron-LM's argument table; no engine import (``config validate --no-engine``)."""
         from primus.backends.megatron.arguments import parse_args
         from primus.config.provenance import Provenance
         from primus.config.schema import PrimusOptions, validate_model
 
         validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
                        f"modules.{module.name}.primus")
-
         parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
-        self.import_engine()
 
     def check_world_size(self, module: ModuleConfig, world_size: int, provenance: "Provenance | None" = None) -> None:
         from primus.backends.megatron.arguments import check_parallel_layout, parse_args
