@@ -77,6 +77,10 @@ def _family(prefix: str, family: str):
 
 
 RULES = table(
+    # -- Megatron-LM arguments AMD Primus spells by their option name (--norm-epsilon) ------------
+    rename("norm_epsilon", "layernorm_epsilon", "Megatron-LM's --norm-epsilon; its argument is layernorm_epsilon"),
+    rename("apply_layernorm_1p", "layernorm_zero_centered_gamma",
+           "Megatron-LM's --apply-layernorm-1p; its argument is layernorm_zero_centered_gamma"),
     # -- logging and metrics (primus_megatron_module.yaml, trainer_base.yaml) ------------------
     rename("log_avg_skip_iterations", "primus.avg_skip_steps", "[TRAIN] averages skip the first N steps"),
     rename("log_avg_reset_interval", "primus.avg_window", "[TRAIN] averages over a window of N steps"),
