@@ -109,9 +109,19 @@ def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenan
                            where=provenance.describe(f"modules.{name}.config"))
         layers += load_with_extends(path, "module preset")
     if module.model:
-        path = find_preset(module.model, [CONFIGS_ROOT / "models" / module.framework, CONFIGS_ROOT / "models" / "common"],
-                           relative_to=experiment_dir, what="model preset",
-                           where=provenance.describe(f"modules.{name}.model"))
+        try:
+            path = find_preset(module.model, [CONFIGS_ROOT / "models" / module.framework,
+                                              CONFIGS_ROOT / "models" / "common"],
+                               relative_to=experiment_dir, what="model preset",
+                               where=provenance.describe(f"modules.{name}.model"))
+        except ConfigError:
+            from primus.compat.families import model_reason  # an AMD Primus family Primus does not run
+
+            reason = model_reason(module.framework, module.model)
+            if reason is None:
+                raise
+            raise ConfigError(f"{provenance.describe(f'modules.{name}.model')}: model preset '{module.model}': "
+                              f"{reason}") from None
         layers += load_with_extends(path, "model preset")
     return layers
 
@@ -132,6 +142,7 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     experiment_items, param_items = _route(items, module_names)
     if experiment_items:
         merge_layer(experiment, overrides_layer(experiment_items), provenance)
+    _refuse_other_trainers(experiment, provenance)  # before the schema: their files differ in more ways
     spec: ExperimentSpec = validate_model(ExperimentSpec, experiment, provenance)
 
     modules: dict[str, ResolvedModule] = {}
@@ -154,6 +165,19 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
         modules[name] = ResolvedModule(name, module.framework, stage, module.config, module.model, params,
                                        translations)
     return ResolvedExperiment(source=source, spec=spec, modules=modules, provenance=provenance)
+
+
+def _refuse_other_trainers(experiment: dict[str, Any], provenance: Provenance) -> None:
+    """AMD Primus's trainers Primus does not wrap (MaxText, Megatron-Bridge, ...): say so in one line."""
+    from primus.compat.families import framework_reason
+
+    modules = experiment.get("modules")
+    for name, module in (modules.items() if isinstance(modules, dict) else ()):
+        framework = module.get("framework") if isinstance(module, dict) else None
+        reason = framework_reason(str(framework)) if framework else None
+        if reason is not None:
+            raise ConfigError(f"{provenance.describe(f'modules.{name}.framework')}: framework '{framework}': "
+                              f"{reason}")
 
 
 def _translate_amd_names(name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,
