@@ -17,6 +17,13 @@ class ConfigError(Exception):
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
-    matches = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)
+    """`` (did you mean 'x'?)`` for another engine's name of the same setting, else the closest
+    spelling, or an empty string."""
+    from primus.compat.synonyms import synonym_in  # data only; imported late (compat imports config)
+
+    candidates = [str(c) for c in candidates]
+    synonym = synonym_in(str(word), candidates)
+    if synonym is not None:
+        return f" (did you mean '{synonym}'?)"
+    matches = difflib.get_close_matches(str(word), candidates, n=1, cutoff=0.6)
     return f" (did you mean '{matches[0]}'?)" if matches else ""

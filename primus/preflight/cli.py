@@ -39,13 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
     """(ModelSpec, ParallelLayout) of one module of an experiment, through its backend adapter."""
     from primus.config.resolve import resolve_experiment
-    from primus.launch.job import select_module
+    from primus.launch.job import select_module, validate_module
     from primus.runtime.adapter import ModuleConfig
-    from primus.runtime.registry import backend_defaults, get_adapter
+    from primus.runtime.registry import backend_defaults
 
     resolved = resolve_experiment(path, overrides, backend_defaults)
     module = select_module(resolved, module_name)
-    adapter = get_adapter(module.framework)
+    adapter = validate_module(resolved, module)  # a wrong key is one line naming its file:line, as in train
     describe = getattr(adapter, "plan_inputs", None)
     if describe is None:
         raise ConfigError(f"backend '{module.framework}' cannot describe its model and parallel layout for "

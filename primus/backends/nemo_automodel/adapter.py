@@ -43,28 +43,25 @@ class AutoModelAdapter(BackendAdapter):
 
     # -- validation -------------------------------------------------------------------------
     def _handoff(self, module: ModuleConfig, *, checkpoint_dir: Path, resume: bool, dist_backend: str,
-                 log=None, log_derived=None) -> Handoff:
+                 log=None, log_derived=None, where=None) -> Handoff:
         stage = self.canonical_stage(module.stage, where=f"modules.{module.name}.stage")
         return build_handoff(
             module.params, stage=stage, checkpoint_dir=checkpoint_dir, resume=resume, dist_backend=dist_backend,
-            log=log or (lambda msg: None), log_derived=log_derived or (lambda key, value, reason: None))
+            log=log or (lambda msg: None), log_derived=log_derived or (lambda key, value, reason: None),
+            where=where or (lambda key: ""))
 
     def validate(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
         from primus.backends.nemo_automodel import schema
 
         self.require_installed()
         self.import_engine()
-        handoff = self._handoff(module, checkpoint_dir=Path("checkpoints"), resume=False, dist_backend="gloo")
 
         def describe(key: str) -> str:
-            if provenance is None:
-                return ""
-            try:
-                where = provenance.describe(key)
-            except Exception:  # a derived key has no source line
-                return ""
-            return f"{where}: " if where else ""
+            """``file:line: `` of a key of this module (its params are under modules.<name>.)."""
+            return f"{provenance.describe(f'modules.{module.name}.{key}')}: " if provenance is not None else ""
 
+        handoff = self._handoff(module, checkpoint_dir=Path("checkpoints"), resume=False, dist_backend="gloo",
+                                where=describe)
         schema.check(handoff.automodel, describe)
 
     # -- run --------------------------------------------------------------------------------

@@ -56,12 +56,12 @@ def split_primus_keys(params: Mapping[str, Any]) -> Handoff:
     return Handoff(automodel, primus)
 
 
-def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+def _section(cfg: dict[str, Any], name: str, where: Callable[[str], str] = lambda key: "") -> dict[str, Any]:
     node = cfg.setdefault(name, {})
     if node is None:
         node = cfg[name] = {}
     if not isinstance(node, dict):
-        raise ConfigError(f"'{name}' must be a mapping, got {type(node).__name__}")
+        raise ConfigError(f"{where(name)}'{name}' must be a mapping, got {type(node).__name__}")
     return node
 
 
@@ -74,20 +74,24 @@ def build_handoff(
     dist_backend: str,
     log_derived: Callable[[str, object, str], None],
     log: Callable[[str], None],
+    where: Callable[[str], str] = lambda key: "",
 ) -> Handoff:
-    """The AutoModel config for ``stage`` (already canonical), with Primus-owned fields set."""
+    """The AutoModel config for ``stage`` (already canonical), with Primus-owned fields set.
+    ``where(key)`` is the ``file:line: `` prefix of an error about ``key``."""
     handoff = split_primus_keys(params)
     cfg = handoff.automodel
-    model = _section(cfg, "model")
+    model = _section(cfg, "model", where)
 
     mode = STAGE_TO_MODE[stage]
     if model.get("mode") not in (None, mode):
-        raise ConfigError(f"model.mode='{model['mode']}' contradicts stage '{stage}': the stage sets it, drop model.mode")
+        raise ConfigError(f"{where('model.mode')}model.mode='{model['mode']}' contradicts stage '{stage}': the stage "
+                          f"sets it, drop model.mode")
     model["mode"] = mode
 
     expert = model.get("stage")
     if expert is not None and str(expert).lower() not in EXPERTS:
-        raise ConfigError(f"model.stage='{expert}' must be one of {', '.join(EXPERTS)} (the Wan 2.2 expert to train)")
+        raise ConfigError(f"{where('model.stage')}model.stage='{expert}' must be one of {', '.join(EXPERTS)} "
+                          f"(the Wan 2.2 expert to train)")
 
     if mode == "finetune" and model.get("pipeline_spec") is not None:
         model.pop("pipeline_spec")
@@ -112,7 +116,8 @@ def build_handoff(
         if not loader.get("cache_dir"):
             loader["cache_dir"] = str(root / "cache")
     if not model.get("pretrained_model_name_or_path"):
-        raise ConfigError("model.pretrained_model_name_or_path is required (a local diffusers pipeline dir or hub id)")
+        raise ConfigError(f"{where('model')}model.pretrained_model_name_or_path is required (a local diffusers "
+                          f"pipeline dir or hub id)")
     path = expand_path(model["pretrained_model_name_or_path"])
     if os.path.exists(path) or path.startswith((".", "/")):
         model["pretrained_model_name_or_path"] = path
