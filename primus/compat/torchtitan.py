@@ -16,14 +16,20 @@ TT02 = "TorchTitan 0.2 name"
 TURBO = "Primus-Turbo kernel switch"
 # The model preset key a TorchTitan registry model is named by (agreed with the TorchTitan backend).
 REGISTRY_NAME, REGISTRY_FLAVOR = "model.name", "model.flavor"
+BETAS = ("optimizer.beta1", "optimizer.beta2")
 
 
-def _betas(index: int):
-    def apply(value: Any, ctx, key: str) -> None:
-        betas = list(ctx.get("optimizer.betas") or (0.9, 0.95))
-        betas[index] = value
-        ctx.set(key, betas, "optimizer.betas", f"{TT02}: beta{index + 1} is betas[{index}]")
-    return apply
+def _betas(value: Any, ctx, key: str) -> None:
+    """``beta1`` / ``beta2`` -> ``betas``, both at once (the second key says it joined the first)."""
+    done = [t for t in ctx.translations if t.source in BETAS and t.target == "optimizer.betas"]
+    if done:
+        ctx.joined(key, value, done[0], f"{TT02}: beta1/beta2 are betas")
+        return
+    betas = list(ctx.get("optimizer.betas") or (0.9, 0.95))
+    for index, name in enumerate(BETAS):
+        if name in ctx.amd:
+            betas[index] = ctx.amd[name]
+    ctx.set(key, betas, "optimizer.betas", f"{TT02}: beta1/beta2 are betas")
 
 
 # TorchTitan 0.3.0's AC policy fields: harmless beside ``mode: none`` (0.2 files carry them).
@@ -110,8 +116,8 @@ RULES = table(
     rename("training.seed", "debug.seed", TT02),
     rename("training.deterministic", "debug.deterministic", TT02),
     # -- optimizer -----------------------------------------------------------------------------
-    custom("optimizer.beta1", "Adam beta1", _betas(0)),
-    custom("optimizer.beta2", "Adam beta2", _betas(1)),
+    custom("optimizer.beta1", "Adam beta1", _betas),
+    custom("optimizer.beta2", "Adam beta2", _betas),
     unsupported("optimizer.early_step_in_backward", "optimizer-in-backward is gone in TorchTitan 0.3.0"),
     # -- activation checkpointing --------------------------------------------------------------
     custom("activation_checkpoint.mode", "activation checkpointing mode", _ac_mode),

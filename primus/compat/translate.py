@@ -88,6 +88,12 @@ class CompatContext:
         origin = self.last_source(source)
         self._record(Translation(source, value, None, why, kind, origin.where if origin else ""))
 
+    def joined(self, source: str, value: Any, first: Translation, why: str) -> None:
+        """``source`` went into the same setting as an earlier translation (``beta2`` with ``beta1``)."""
+        origin = self.last_source(source)
+        self._record(Translation(source, value, first.target, why, "rename", origin.where if origin else "",
+                                 first.target_value))
+
     def set_stage(self, source: str, value: Any, stage: str, why: str) -> None:
         """The AMD key names the module's stage (``stage: sft``, AutoModel's ``model.mode``)."""
         self.stage = stage
