@@ -87,11 +87,13 @@ class MegatronAdapter(BackendAdapter):
         return plan_inputs(module.params, world_size)
 
     def check_inputs(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
+        from primus.compat.hub import is_hub_id
+
         if tiny_assets_dir(module.params) is not None:
             return  # built by prepare() before the ranks start
         params, prefix = module.params, f"modules.{module.name}"
         checks = []
-        if params.get("tokenizer_model"):
+        if params.get("tokenizer_model") and not is_hub_id(params["tokenizer_model"]):  # a Hub id: fetched at run
             checks.append(("tokenizer_model", Path(params["tokenizer_model"])))
         if not params.get("mock_data"):
             from primus.backends.megatron.data import blend_prefixes
