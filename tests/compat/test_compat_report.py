@@ -79,9 +79,12 @@ def test_the_report_over_a_checkout(tmp_path, compat_tool, monkeypatch):
     write(checkout / "examples/megatron/configs/MI300X/zebra_llama_1B-pretrain.yaml", ZEBRA)
     write(checkout / "examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml", MAXTEXT)
     write(checkout / "examples/README.yaml", "not: an experiment\n")
-    out = tmp_path / "compat.md"
+    out = tmp_path / "compat.md"  # a document with the report between markers: the rest is kept
+    out.write_text(f"# Compatibility\n\nWritten by hand.\n{compat_tool.BEGIN}\nold report\n{compat_tool.END}\nAfter.\n")
     assert compat_tool.main([str(checkout), "--out", str(out)]) == 0
     text = out.read_text()
+    assert text.startswith("# Compatibility\n\nWritten by hand.\n") and text.endswith(f"{compat_tool.END}\nAfter.\n")
+    assert "old report" not in text
     assert "examples (MI300X / MI325X / MI355X): 1 / 2 pass validate + plan (8 ranks) + dry-run unchanged (50.0%)" \
         in text
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| examples/")}
