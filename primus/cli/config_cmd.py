@@ -40,7 +40,7 @@ def _show(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
-    from primus.launch.job import validate_keys, validate_module
+    from primus.launch.job import plan_module, validate_keys
 
     resolved = _resolve(args, overrides)
     for module in resolved.modules.values():
@@ -49,7 +49,7 @@ def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
             print(f"OK {args.exp}: modules.{module.name} ({module.framework}, "
                   f"{'keys checked, engine not imported' if checked else 'schema only'})")
         else:
-            adapter = validate_module(resolved, module, check_paths=args.check_paths)
+            adapter, _ = plan_module(resolved, module, check_paths=args.check_paths)
             print(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
         for translation in module.translations:  # AMD Primus names (primus/compat)
             print(f"  {translation.line()}")

@@ -80,7 +80,7 @@ def test_automodel_errors_name_their_line(tmp_path, capsys):
 
 def test_plan_errors_name_their_line(tmp_path, capsys):
     exp = write(tmp_path / "exp.yaml", HEAD + "    framework: megatron\n    config: pre_trainer.yaml\n"
-                "    model: llama3.1_8B.yaml\n    overrides:\n      tensor_model_paralel_size: 2\n")
+                "    model: llama3_tiny.yaml\n    overrides:\n      tensor_model_paralel_size: 2\n")
     code, _, err = run(capsys, "plan", exp)
     assert code == 2 and err.count("\n") == 1
     assert "exp.yaml:11: modules.pre_trainer.tensor_model_paralel_size:" in err
