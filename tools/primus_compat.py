@@ -39,6 +39,8 @@ TARGET_DEVICES = ("MI300X", "MI325X", "MI355X")
 # Not transformer LLMs (nor AutoModel): outside the population the target is measured on. Primus
 # itself must refuse each in one line (primus/compat/families.py); the report checks that it does.
 NOT_TRANSFORMER_LLM = re.compile(r"zebra_llama|mamba|hybrid|(^|/)diffusion/|flux")
+# The dry-run checks the files a run reads: their cluster's data / checkpoint paths are absent here.
+MISSING_INPUT = re.compile(r": \S+ does not exist$")
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Result:
     file: str
     framework: str
     in_target: bool  # a transformer-LLM or AutoModel example under MI300X/MI325X/MI355X
-    result: str  # pass | refused: <family> | fail: validate|plan|dry-run
+    result: str  # pass | needs inputs | refused | fail: validate|plan|dry-run
     error: str = ""
 
     @property
@@ -122,9 +124,12 @@ def check(path: Path, checkout: Path) -> Result:
     for name, argv in steps:
         code, error = _primus(argv)
         if code != 0:
-            refused = family is not None and code == 2 and family in error
             error = error.replace(f"{checkout}/", "")
-            return Result(relative, framework, target, "refused" if refused else f"fail: {name}", error)
+            if family is not None and code == 2 and family in error:
+                return Result(relative, framework, target, "refused", error)
+            if name == "dry-run" and code == 2 and MISSING_INPUT.search(error):
+                return Result(relative, framework, target, "needs inputs", error)
+            return Result(relative, framework, target, f"fail: {name}", error)
     return Result(relative, framework, target, "pass" if family is None else "fail: family not refused")
 
 
@@ -141,8 +146,9 @@ def cause(error: str) -> str:
 def report(results: list[Result], checkout: Path, seconds: float) -> str:
     target = [r for r in results if r.in_target]
     passed = [r for r in target if r.passed]
+    inputs = [r for r in target if r.result == "needs inputs"]
     refused = [r for r in results if r.result == "refused" and not r.in_target]
-    failures = [r for r in target if not r.passed]
+    failures = [r for r in target if not r.passed and r.result != "needs inputs"]
     commit = _commit(checkout)
     lines = [
         f"Checkout: `{checkout}`{f' at {commit}' if commit else ''}; {len(results)} example experiments; "
@@ -150,19 +156,23 @@ def report(results: list[Result], checkout: Path, seconds: float) -> str:
         "",
         f"**Transformer-LLM and AutoModel examples (MI300X / MI325X / MI355X): {len(passed)} / {len(target)} pass "
         f"validate + plan (8 ranks) + dry-run unchanged ({100 * len(passed) / max(1, len(target)):.1f}%).** "
+        f"{len(inputs)} more pass validate and plan and stop at the dry-run only because an input file the "
+        f"experiment names (their cluster's data, tokenizer or checkpoint path) is absent here "
+        f"({100 * (len(passed) + len(inputs)) / max(1, len(target)):.1f}% with them). "
         f"{len(refused)} more are not transformer-LLM examples (Mamba / hybrid, Flux, other trainers) and are "
         f"refused in one line each; {len(results) - len(target) - len(refused)} others lie outside the MI300X / "
         f"MI325X / MI355X example folders.",
         "",
-        "| framework | pass | fail | refused (family) |",
-        "|---|---|---|---|",
+        "| framework | pass | needs inputs | fail | refused (family) |",
+        "|---|---|---|---|---|",
     ]
     by_framework = collections.defaultdict(collections.Counter)
     for r in results:
-        kind = "refused" if r.result == "refused" else ("pass" if r.passed else "fail")
+        kind = r.result if r.result in ("pass", "refused", "needs inputs") else "fail"
         by_framework[r.framework][kind] += 1
     for framework, counts in sorted(by_framework.items()):
-        lines.append(f"| {framework} | {counts['pass']} | {counts['fail']} | {counts['refused']} |")
+        lines.append(f"| {framework} | {counts['pass']} | {counts['needs inputs']} | {counts['fail']} | "
+                     f"{counts['refused']} |")
     lines += ["", "Why the other target examples do not pass (causes with file names and values taken out):", ""]
     for text, count in collections.Counter(cause(r.error) for r in failures).most_common(12):
         lines.append(f"- {count} × {text}")
