@@ -196,11 +196,16 @@ RULES = table(
     custom("mock_dataset", "AMD Primus synthetic dataset class", _mock_dataset),
     custom("model_type", "AMD Primus model family switch", _model_type),
     custom("tokenizer_type", "tokenizer type", _tokenizer_type),
-    # -- SFT (sft_trainer.yaml): the sft stage itself is refused by the Megatron backend ------
-    *(inert(key, "SFT dataset option, read by the sft stage") for key in (
-        "sft_dataset_name", "sft_conversation_format", "sft_dataset_split", "enable_packed_sequences",
-        "use_packed_attention", "enable_odc_lb_mini", "lb_mini_max_token_len", "lb_mini_cost_model",
-        "enable_fused_linear_ce", "sft_bridge_compat_inline_bos", "sft_sanitize_nan_grads")),
+    # -- SFT (sft_trainer.yaml). hf_path, sft_dataset_name, sft_conversation_format and
+    # enable_packed_sequences are read by the Megatron backend's post-training (issue #15) ------
+    inert("sft_dataset_split", "the instruction JSONL files are read whole (a validation split is held out)"),
+    inert("use_packed_attention", "packed sequences always get per-document attention masks here (AMD's true)"),
+    inert("enable_odc_lb_mini", "AMD Primus ODC load balancing; off here"),
+    inert("lb_mini_max_token_len", "read only with enable_odc_lb_mini"),
+    inert("lb_mini_cost_model", "read only with enable_odc_lb_mini"),
+    inert("enable_fused_linear_ce", "AMD Primus chunked cross-entropy (same math); the full-logits loss runs"),
+    inert("sft_bridge_compat_inline_bos", "Megatron-Bridge byte-parity mode of AMD Primus's SFT data"),
+    unsupported("sft_sanitize_nan_grads", "zeroing NaN gradients changes the update (Primus stops on a NaN)"),
     custom("lora", "LoRA adapters", _lora),
     # -- model keys of AMD Primus's own layers (primus_megatron_model.yaml) --------------------
     inert("disable_primus_topk_router", "megatron-core's top-k router runs here"),

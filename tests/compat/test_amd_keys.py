@@ -48,7 +48,7 @@ MAPPED = {
         "torch_compile": ({"enable": True, "backend": "inductor"}, ("kernel",)),
         **{key: (True, ("run",)) for key in (
             "enable_turbo_attention_float8", "mxfp4_gradient_stochastic_rounding", "use_sink_attention",
-            "weight_deosc", "enable_odc", "moe_extended_tp")},
+            "weight_deosc", "enable_odc", "moe_extended_tp", "sft_sanitize_nan_grads")},
         "sink_sliding_window": (128, ("run",)),
         "decoder_pipeline_manual_split_list": ([8, 8, 8, 8], ("run",)),
         "data_parallel_replicate_degree": (2, ("run",)),

@@ -41,7 +41,7 @@ def _covered(key: str, rules: dict) -> bool:
 def test_every_amd_megatron_preset_key_is_megatron_lm_or_translated():
     table = pytest.importorskip("primus.backends.megatron.megatron_lm_args")
     megatron_lm = {row[0] for row in table.ROWS}
-    known = megatron_lm | set(TABLES["megatron"]) | set(common.RULES) | {"extends", "bases"}
+    known = megatron_lm | set(TABLES["megatron"]) | set(common.RULES) | {"extends", "bases"} | _post_training_keys()
     files = [*_amd_files("primus/configs/modules/megatron"), "primus/configs/modules/module_base.yaml",
              *_amd_files("primus/configs/models/megatron")]
     missing = {key: path for path in files for key in _amd(path) if key not in known}
@@ -54,6 +54,15 @@ def test_no_compat_rule_shadows_a_megatron_lm_argument():
     megatron_lm = {row[0] for row in table.ROWS}
     own = {"tokenizer_type"}  # only its AMD values (Llama3Tokenizer, ...) are translated; the rest pass through
     assert set(TABLES["megatron"]) & megatron_lm <= own
+
+
+def _post_training_keys() -> set[str]:
+    """AMD Primus's SFT keys the Megatron backend reads itself (hf_path, sft_dataset_name, ...; issue #15)."""
+    try:
+        from primus.hf.megatron_start import KEYS
+    except ImportError:
+        return {"hf_path", "sft_dataset_name", "sft_conversation_format", "enable_packed_sequences"}
+    return set(KEYS)
 
 
 def _leaves(tree: dict, prefix: str = ""):
