@@ -6,7 +6,8 @@ primus_turbo, torch_compile, zero_bubble, primus_pipeline, sft_trainer}.yaml``,
 ``tests/compat/test_megatron_table.py`` checks (with the AMD mirror) that every such key is here
 or in the generated Megatron-LM table, and prints what each key does.
 
-Megatron-LM's own arguments are not here: the Megatron backend's argument table owns them.
+Megatron-LM's own arguments are not here: the Megatron backend's argument table owns them, by dest
+or by option spelling (``norm_epsilon`` is ``--norm-epsilon``, whose dest is ``layernorm_epsilon``).
 """
 from __future__ import annotations
 
@@ -77,10 +78,6 @@ def _family(prefix: str, family: str):
 
 
 RULES = table(
-    # -- Megatron-LM arguments AMD Primus spells by their option name (--norm-epsilon) ------------
-    rename("norm_epsilon", "layernorm_epsilon", "Megatron-LM's --norm-epsilon; its argument is layernorm_epsilon"),
-    rename("apply_layernorm_1p", "layernorm_zero_centered_gamma",
-           "Megatron-LM's --apply-layernorm-1p; its argument is layernorm_zero_centered_gamma"),
     # -- logging and metrics (primus_megatron_module.yaml, trainer_base.yaml) ------------------
     rename("log_avg_skip_iterations", "primus.avg_skip_steps", "[TRAIN] averages skip the first N steps"),
     rename("log_avg_reset_interval", "primus.avg_window", "[TRAIN] averages over a window of N steps"),
@@ -210,6 +207,8 @@ RULES = table(
     # -- model keys of AMD Primus's own layers (primus_megatron_model.yaml) --------------------
     inert("disable_primus_topk_router", "megatron-core's top-k router runs here"),
     unsupported("use_deprecated_20241209_moe_layer", "AMD Primus's deprecated MoE layer", when="resolve"),
+    unsupported("original_max_position_embeddings", "YaRN's original context is megatron-core's 4096 here "
+                "(MLATransformerConfig; no Megatron-LM argument sets it)", off=(None, 4096)),
     unsupported("final_logit_softcapping", "logit soft-capping (Grok) is not in megatron-core 0.16"),
     unsupported("attn_logit_softcapping", "attention-logit soft-capping (Grok) is not in megatron-core 0.16"),
     unsupported("router_logit_softcapping", "router-logit soft-capping (Grok) is not in megatron-core 0.16"),
@@ -229,7 +228,7 @@ RULES = table(
         "quantile_balancing_ema_decay", "activation_situ_beta", "activation_situ_linear_beta",
         "num_nextn_predict_layers", "mtp_layer_type")),
     *(_family(key, "Mamba / hybrid") for key in (
-        "mamba_expand", "mamba_d_conv", "disable_mamba_mem_eff_path", "hybrid_attention_ratio", "hybrid_mlp_ratio",
+        "mamba_expand", "mamba_d_conv", "hybrid_attention_ratio", "hybrid_mlp_ratio",
         "use_fla_fused_swiglu", "use_fla_fused_rmsnorm", "use_fla_fused_gated_norm", "use_fla_short_conv",
         "use_fla_data", "fla_cache_dir", "fused_ce_mode", "fused_ce_chunks", "fla_mla_attn", "use_short_conv")),
     *(_family(key, "LFM2") for key in ("lfm_layer_types", "conv_L_cache", "conv_bias")),

@@ -26,8 +26,6 @@ MAPPED = {
         "stage": ("sft", ("stage", "sft")),
     },
     "megatron": {
-        "norm_epsilon": (1e-6, ("set", "layernorm_epsilon", 1e-6)),
-        "apply_layernorm_1p": (True, ("set", "layernorm_zero_centered_gamma", True)),
         "log_avg_skip_iterations": (2, ("set", "primus.avg_skip_steps", 2)),
         "log_avg_reset_interval": (50, ("set", "primus.avg_window", 50)),
         "disable_tensorboard": (True, ("set", "primus.tensorboard", False)),
@@ -53,6 +51,7 @@ MAPPED = {
         "decoder_pipeline_manual_split_list": ([8, 8, 8, 8], ("run",)),
         "data_parallel_replicate_degree": (2, ("run",)),
         "final_logit_softcapping": (30.0, ("run",)),
+        "original_max_position_embeddings": (8192, ("run",)),
         "attn_logit_softcapping": (30.0, ("run",)),
         "router_logit_softcapping": (30.0, ("run",)),
         "use_deprecated_20241209_moe_layer": (True, ("refuse", "deprecated MoE layer")),

@@ -40,7 +40,9 @@ def _covered(key: str, rules: dict) -> bool:
 @needs_mirror
 def test_every_amd_megatron_preset_key_is_megatron_lm_or_translated():
     table = pytest.importorskip("primus.backends.megatron.megatron_lm_args")
-    megatron_lm = {row[0] for row in table.ROWS}
+    from primus.backends.megatron.schema import option_aliases
+
+    megatron_lm = {row[0] for row in table.ROWS} | set(option_aliases())  # dests and option spellings
     known = megatron_lm | set(TABLES["megatron"]) | set(common.RULES) | {"extends", "bases"} | _post_training_keys()
     files = [*_amd_files("primus/configs/modules/megatron"), "primus/configs/modules/module_base.yaml",
              *_amd_files("primus/configs/models/megatron")]
@@ -51,7 +53,9 @@ def test_every_amd_megatron_preset_key_is_megatron_lm_or_translated():
 def test_no_compat_rule_shadows_a_megatron_lm_argument():
     """compat runs first: a rule for one of Megatron-LM's own arguments would hijack it."""
     table = pytest.importorskip("primus.backends.megatron.megatron_lm_args")
-    megatron_lm = {row[0] for row in table.ROWS}
+    from primus.backends.megatron.schema import option_aliases
+
+    megatron_lm = {row[0] for row in table.ROWS} | set(option_aliases())
     own = {"tokenizer_type"}  # only its AMD values (Llama3Tokenizer, ...) are translated; the rest pass through
     assert set(TABLES["megatron"]) & megatron_lm <= own
 

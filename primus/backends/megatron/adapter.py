@@ -89,14 +89,15 @@ class MegatronAdapter(BackendAdapter):
 
         if tiny_assets_dir(plan.module.params) is not None:
             return  # built by prepare() before the ranks start
-        from primus.backends.megatron.data import blend_prefixes
+        from primus.backends.megatron.data import DATA_KEYS, data_prefixes
 
         args, prefix = plan.engine_config, f"modules.{plan.module.name}"
         checks = []
         if args.tokenizer_model and not is_hub_id(args.tokenizer_model):  # a Hub id: fetched when the run starts
             checks.append(("tokenizer_model", Path(args.tokenizer_model)))
-        if not args.mock_data:
-            checks += [("data_path", Path(f"{p}.idx")) for p in blend_prefixes(args.data_path or [])]
+        # data_path and train/valid/test_data_path
+        checks += [(key, Path(f"{p}.idx"))
+                   for key, p in data_prefixes({key: getattr(args, key) for key in (*DATA_KEYS, "mock_data")})]
         if args.load:
             checks.append(("load", Path(args.load)))
         for key, path in checks:
@@ -116,4 +117,4 @@ class MegatronAdapter(BackendAdapter):
                 ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
         from primus.backends.megatron.trainer import train
 
-        train(plan.engine_config, ctx)
+        train(plan.engine_config, ctx, plan.module.name)
