@@ -111,7 +111,10 @@ def _plan_argv(path: str) -> list[str]:
 
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]  # noqa: SLF001 (argparse has no API)
     flags = {option for action in plan._actions for option in action.option_strings}
-    return ["plan", path, "--nproc-per-node", "8"] if "--nproc-per-node" in flags else ["plan", path]
+    if "--nproc-per-node" in flags:
+        return ["plan", path, "--nproc-per-node", "8"]
+    os.environ["GPUS_PER_NODE"] = "8"  # an older `plan` reads the world size from the launcher's variables
+    return ["plan", path]
 
 
 def check(path: Path, checkout: Path) -> Result:

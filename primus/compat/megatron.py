@@ -78,6 +78,11 @@ def _family(prefix: str, family: str):
 
 
 RULES = table(
+    # -- Megatron-LM options AMD Primus's experiments spell by option name while our model presets
+    # use the argument's dest: the later layer must win, as for any key (the backend takes either) --
+    rename("norm_epsilon", "layernorm_epsilon", "Megatron-LM's --norm-epsilon stores layernorm_epsilon"),
+    rename("apply_layernorm_1p", "layernorm_zero_centered_gamma",
+           "Megatron-LM's --apply-layernorm-1p stores layernorm_zero_centered_gamma"),
     # -- logging and metrics (primus_megatron_module.yaml, trainer_base.yaml) ------------------
     rename("log_avg_skip_iterations", "primus.avg_skip_steps", "[TRAIN] averages skip the first N steps"),
     rename("log_avg_reset_interval", "primus.avg_window", "[TRAIN] averages over a window of N steps"),

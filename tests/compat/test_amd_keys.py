@@ -26,6 +26,8 @@ MAPPED = {
         "stage": ("sft", ("stage", "sft")),
     },
     "megatron": {
+        "norm_epsilon": (1e-6, ("set", "layernorm_epsilon", 1e-6)),
+        "apply_layernorm_1p": (True, ("set", "layernorm_zero_centered_gamma", True)),
         "log_avg_skip_iterations": (2, ("set", "primus.avg_skip_steps", 2)),
         "log_avg_reset_interval": (50, ("set", "primus.avg_window", 50)),
         "disable_tensorboard": (True, ("set", "primus.tensorboard", False)),

@@ -56,7 +56,9 @@ def test_no_compat_rule_shadows_a_megatron_lm_argument():
     from primus.backends.megatron.schema import option_aliases
 
     megatron_lm = {row[0] for row in table.ROWS} | set(option_aliases())
-    own = {"tokenizer_type"}  # only its AMD values (Llama3Tokenizer, ...) are translated; the rest pass through
+    # tokenizer_type: only its AMD values (Llama3Tokenizer, ...) are translated; the rest pass through.
+    # norm_epsilon / apply_layernorm_1p: option spellings AMD files use over a preset's dest (precedence)
+    own = {"tokenizer_type", "norm_epsilon", "apply_layernorm_1p"}
     assert set(TABLES["megatron"]) & megatron_lm <= own
 
 
