@@ -72,6 +72,48 @@ def _model_type(value: Any, ctx, key: str) -> None:
                         f"GPT models (no Mamba/hybrid, Flux or other diffusion models)")
 
 
+def _option_spelling(dest: str, option: str):
+    """AMD files spell some arguments by option (norm_epsilon) while our presets use the dest: the later
+    layer wins; in one file both, the dest wins, as in AMD Primus (Megatron reads the dest)."""
+    def apply(value: Any, ctx, key: str) -> None:
+        here, there = ctx.last_source(key), ctx.last_source(dest)
+        if dest in ctx.params and here is not None and there is not None and there.label == here.label:
+            ctx.note(key, value, f"Megatron-LM's {option} stores {dest}, which {there.where} sets: it wins, as in "
+                                 f"AMD Primus")
+            return
+        ctx.set(key, value, dest, f"Megatron-LM's {option} stores {dest}")
+    return apply
+
+
+def _activation_func(value: Any, ctx, key: str) -> None:
+    if str(value).lower() in ("swiglu", "silu"):
+        ctx.set(key, True, "swiglu", "AMD Primus's activation_func: swiglu is Megatron-LM's --swiglu")
+    elif str(value).lower() == "gelu":
+        ctx.note(key, value, "GeLU is Megatron-LM's default activation")
+    else:
+        raise ctx.fail(key, f"activation '{value}': give Megatron-LM's switch (swiglu, squared_relu, quick_geglu)")
+
+
+def _fp4_recipe(value: Any, ctx, key: str) -> None:
+    if value in ("nvfp4", "custom", None):  # Megatron-LM's own choices: its table checks them
+        ctx.params[key] = value
+        return
+    ctx.note(key, value, f"AMD Primus's {value} FP4 recipe needs Primus-Turbo", kind="refuse_at_run")
+
+
+def _recompute_layer_ids(value: Any, ctx, key: str) -> None:
+    """AMD recomputes the listed layers only; Megatron-LM's closest is every layer (same math, more compute)."""
+    if value is None:
+        ctx.note(key, value, "recomputation follows recompute_granularity / recompute_method")
+        return
+    if ctx.get("recompute_granularity") != "full" or ctx.get("recompute_method") is not None:
+        raise ctx.fail(key, "AMD Primus reads it with recompute_granularity: full and recompute_method: null")
+    why = (f"AMD Primus recomputes layers {value} only; Megatron-LM's closest recomputes every layer (same math, "
+           f"more recomputation)")
+    ctx.set(key, "uniform", "recompute_method", why)
+    ctx.set(key, 1, "recompute_num_layers", why)
+
+
 def _family(prefix: str, family: str):
     return unsupported(prefix, f"{family} models are not supported by Primus's Megatron backend (megatron-core "
                                f"GPT models only)", off=(None,), when="resolve")
@@ -80,9 +122,11 @@ def _family(prefix: str, family: str):
 RULES = table(
     # -- Megatron-LM options AMD Primus's experiments spell by option name while our model presets
     # use the argument's dest: the later layer must win, as for any key (the backend takes either) --
-    rename("norm_epsilon", "layernorm_epsilon", "Megatron-LM's --norm-epsilon stores layernorm_epsilon"),
-    rename("apply_layernorm_1p", "layernorm_zero_centered_gamma",
-           "Megatron-LM's --apply-layernorm-1p stores layernorm_zero_centered_gamma"),
+    custom("norm_epsilon", "option spelling", _option_spelling("layernorm_epsilon", "--norm-epsilon")),
+    custom("apply_layernorm_1p", "option spelling",
+           _option_spelling("layernorm_zero_centered_gamma", "--apply-layernorm-1p")),
+    rename("check_for_nan_in_loss", "check_for_nan_in_loss_and_grad", "Megatron-LM's argument for it"),
+    custom("activation_func", "the MLP activation", _activation_func),
     # -- logging and metrics (primus_megatron_module.yaml, trainer_base.yaml) ------------------
     rename("log_avg_skip_iterations", "primus.avg_skip_steps", "[TRAIN] averages skip the first N steps"),
     rename("log_avg_reset_interval", "primus.avg_window", "[TRAIN] averages over a window of N steps"),
@@ -110,6 +154,14 @@ RULES = table(
     inert("torch_profiler_use_gzip", "AMD Primus torch-profiler option"),
     inert("wall_clock_step_timer", "[TRAIN] step_time is wall-clock time per step"),
     inert("dump_pp_data", "AMD Primus debugging dump"),
+    inert("use_nsys_profiler", "Nsight Systems profiling is not built into Primus"),
+    inert("record_shapes", "AMD Primus torch-profiler option"),
+    inert("nvtx_ranges", "AMD Primus NVTX ranges"),
+    inert("disable_delayed_scaling_patches", "AMD Primus's own FP8 delayed-scaling patches are not applied here"),
+    inert("moe_router_topk_limited_devices", "gone from Megatron-LM (moe_router_num_groups / moe_router_group_topk)"),
+    unsupported("moe_token_dropping", "gone from Megatron-LM (moe_expert_capacity_factor drops tokens)",
+                when="resolve"),
+    custom("fp4_recipe", "FP4 recipe", _fp4_recipe),
     # -- checkpoints and resume ----------------------------------------------------------------
     custom("auto_continue_train", "the resume policy", _auto_continue),
     rename("disable_last_saving", "primus.save_last_checkpoint", "no checkpoint at the last step (Megatron backend; "
@@ -133,6 +185,8 @@ RULES = table(
     inert("turbo_mega_moe_precision", "read only with use_turbo_mega_moe"),
     kernel("use_turbo_rms_norm", TURBO),
     kernel("use_turbo_norm_te_linear", TURBO),
+    kernel("use_turbo_grouped_mlp", TURBO),
+    kernel("use_turbo_permute_padding", TURBO),
     kernel("moe_use_legacy_grouped_gemm", "AMD Primus's legacy grouped-GEMM switch (Megatron's grouped GEMM or "
                                           "sequential experts run here)"),
     kernel("no_fp8_weight_transpose_cache", "Transformer Engine FP8 weight-cache switch"),
@@ -158,7 +212,7 @@ RULES = table(
         "offload", "offload_ops", "pp_max_mem", "pp_cost_f", "pp_cost_b", "pp_cost_w")),
     unsupported("decoder_pipeline_manual_split_list", "a manual split of layers over pipeline stages (Megatron "
                                                       "splits evenly here)"),
-    inert("recompute_layer_ids", "recomputation follows recompute_granularity / recompute_method here"),
+    custom("recompute_layer_ids", "AMD Primus's per-layer recomputation", _recompute_layer_ids),
     inert("dataloader_mp_context", "the Megatron data loader runs in the training process here"),
     # -- training features AMD Primus adds ------------------------------------------------------
     inert("moe_router_force_load_balancing_type", "forced load balancing is Megatron-LM's (uniform)"),

@@ -28,6 +28,12 @@ MAPPED = {
     "megatron": {
         "norm_epsilon": (1e-6, ("set", "layernorm_epsilon", 1e-6)),
         "apply_layernorm_1p": (True, ("set", "layernorm_zero_centered_gamma", True)),
+        "check_for_nan_in_loss": (False, ("set", "check_for_nan_in_loss_and_grad", False)),
+        "activation_func": ("swiglu", ("set", "swiglu", True)),
+        "fp4_recipe": ("mxfp4", ("run",)),
+        "recompute_layer_ids": ("0,3,4", ("set", "recompute_num_layers", 1),
+                                {"recompute_granularity": "full"}),
+        "moe_token_dropping": (True, ("refuse", "gone from Megatron-LM")),
         "log_avg_skip_iterations": (2, ("set", "primus.avg_skip_steps", 2)),
         "log_avg_reset_interval": (50, ("set", "primus.avg_window", 50)),
         "disable_tensorboard": (True, ("set", "primus.tensorboard", False)),
@@ -41,7 +47,8 @@ MAPPED = {
             "use_turbo_grouped_gemm", "turbo_grouped_gemm_without_padding", "use_turbo_fused_act_with_probs",
             "moe_use_fused_router_with_aux_score", "use_turbo_deepep", "use_turbo_mega_moe", "use_turbo_rms_norm",
             "use_turbo_norm_te_linear", "moe_use_legacy_grouped_gemm", "no_fp8_weight_transpose_cache",
-            "patch_zero_bubble", "patch_primus_pipeline", "pp_warmup", "patch_moe_overlap")},
+            "patch_zero_bubble", "patch_primus_pipeline", "pp_warmup", "patch_moe_overlap", "use_turbo_grouped_mlp",
+            "use_turbo_permute_padding")},
         "turbo_gemm_backend": ("triton", ("kernel",)),
         "turbo_grouped_gemm_backend": ("triton", ("kernel",)),
         "turbo_sync_free_moe_stage": (2, ("kernel",)),
@@ -120,8 +127,11 @@ def _nest(key: str, value):
 
 def translate(framework: str, key: str, value, beside=None):
     params = _nest(key, value)
-    for section, keys in (beside or {}).items():
-        params.setdefault(section, {}).update(keys)
+    for name, given in (beside or {}).items():  # a section's keys, or a flat key
+        if isinstance(given, dict):
+            params.setdefault(name, {}).update(given)
+        else:
+            params[name] = given
     ctx = CompatContext("pre_trainer", framework, params, "pretrain", False, {"logging": {}}, Provenance())
     rules = ALL[framework] if framework == "common" else {**common.RULES, **ALL[framework]}
     apply_rules(ctx, rules)
@@ -153,7 +163,9 @@ def test_what_each_mapped_key_does_here(framework, key):
             translate(framework, key, value, beside)
         return
     ctx = translate(framework, key, value, beside)
-    (line,) = [t for t in ctx.translations if t.source.startswith(key.rstrip("*").rstrip("."))] or [None]
+    lines = [t for t in ctx.translations if t.source.startswith(key.rstrip("*").rstrip("."))]
+    line = next((t for t in lines if effect == "set" and t.target == detail[0].lstrip("@")), None) \
+        or (lines[0] if lines else None)
     if effect == "set":
         target, expected = detail
         tree = ctx.experiment if target.startswith("@") else ctx.params

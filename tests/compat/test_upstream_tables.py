@@ -58,7 +58,8 @@ def test_no_compat_rule_shadows_a_megatron_lm_argument():
     megatron_lm = {row[0] for row in table.ROWS} | set(option_aliases())
     # tokenizer_type: only its AMD values (Llama3Tokenizer, ...) are translated; the rest pass through.
     # norm_epsilon / apply_layernorm_1p: option spellings AMD files use over a preset's dest (precedence)
-    own = {"tokenizer_type", "norm_epsilon", "apply_layernorm_1p"}
+    # fp4_recipe: AMD's mxfp4 value only. check_for_nan_in_loss: excluded from Megatron-LM's arguments.
+    own = {"tokenizer_type", "norm_epsilon", "apply_layernorm_1p", "fp4_recipe", "check_for_nan_in_loss"}
     assert set(TABLES["megatron"]) & megatron_lm <= own
 
 
