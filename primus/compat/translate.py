@@ -104,8 +104,9 @@ class CompatContext:
         """Keep the translation; ``--why`` on the AMD key shows what it became."""
         self.translations.append(translation)
         outcome = translation.line().split(" → ", 1)[1]
-        self.provenance.record(f"{self.prefix}.{translation.source}",
-                               Source("compat (AMD Primus name)", f"→ {outcome}", translation.value))
+        self.provenance.record(f"{self.prefix}.{translation.source}",  # where stays file:line (errors cite it)
+                               Source(f"AMD Primus name → {outcome}", translation.where or "compat",
+                                      translation.value))
 
 
 def _has(tree: dict[str, Any], dotted: str) -> bool:

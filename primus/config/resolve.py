@@ -168,16 +168,22 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
 
 
 def _refuse_other_trainers(experiment: dict[str, Any], provenance: Provenance) -> None:
-    """AMD Primus's trainers Primus does not wrap (MaxText, Megatron-Bridge, ...): say so in one line."""
-    from primus.compat.families import framework_reason
+    """AMD Primus's trainers and model families Primus does not run (MaxText, Megatron-Bridge, Flux, ...):
+    one line with the reason, before the schema trips over the other keys their files carry."""
+    from primus.compat.families import framework_reason, model_reason
 
     modules = experiment.get("modules")
     for name, module in (modules.items() if isinstance(modules, dict) else ()):
-        framework = module.get("framework") if isinstance(module, dict) else None
-        reason = framework_reason(str(framework)) if framework else None
+        if not isinstance(module, dict):
+            continue
+        framework, model = str(module.get("framework")), module.get("model")
+        reason = framework_reason(framework)
+        key = f"modules.{name}.framework"
+        if reason is None and isinstance(model, str):
+            reason, key = model_reason(framework, model), f"modules.{name}.model"
         if reason is not None:
-            raise ConfigError(f"{provenance.describe(f'modules.{name}.framework')}: framework '{framework}': "
-                              f"{reason}")
+            what = f"framework '{framework}'" if key.endswith("framework") else f"model preset '{model}'"
+            raise ConfigError(f"{provenance.describe(key)}: {what}: {reason}")
 
 
 def _translate_amd_names(name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,

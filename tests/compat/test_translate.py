@@ -70,7 +70,7 @@ def test_why_shows_both_names(tmp_path):
     ours = format_why(resolved, "primus.save_last_checkpoint")
     assert "as disable_last_saving" in ours and "exp.yaml:13" in ours
     theirs = format_why(resolved, "disable_last_saving")
-    assert "exp.yaml:13" in theirs and "→ primus.save_last_checkpoint=false" in theirs
+    assert "exp.yaml:13" in theirs and "AMD Primus name → primus.save_last_checkpoint=false" in theirs
 
 
 def test_the_translation_is_saved_with_the_resolved_config(tmp_path):
