@@ -44,6 +44,7 @@ class MegatronAdapter(BackendAdapter):
     extra = "megatron"
     stages = ("pretrain",)
     stage_aliases = {"train": "pretrain"}
+    data_commands = ("primus.backends.megatron.data_cli",)
     plans_without_engine = True  # plan() reads Megatron-LM's argument table only: `config validate --no-engine`
 
     def defaults(self, stage: str) -> dict[str, Any]:
