@@ -184,6 +184,11 @@ def _refuse_other_trainers(experiment: dict[str, Any], provenance: Provenance) -
         if reason is not None:
             what = f"framework '{framework}'" if key.endswith("framework") else f"model preset '{model}'"
             raise ConfigError(f"{provenance.describe(key)}: {what}: {reason}")
+        if "trainer_class" in module:
+            key = f"modules.{name}.trainer_class"
+            raise ConfigError(f"{provenance.describe(key)}: {key}: AMD Primus's trainer class "
+                              f"'{module['trainer_class']}' is not a Primus trainer: the framework's own trainer "
+                              f"runs (remove trainer_class)")
 
 
 def _translate_amd_names(name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,

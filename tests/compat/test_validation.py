@@ -65,6 +65,14 @@ def test_a_model_family_primus_does_not_build_is_named(tmp_path, capsys):
     assert "exp.yaml:9: model preset 'zebra_llama_1B.yaml': Mamba / hybrid models" in err
 
 
+def test_trainer_class_is_refused_by_name(tmp_path, capsys):
+    exp = write(tmp_path / "exp.yaml", HEAD + "    framework: megatron\n    config: pre_trainer.yaml\n"
+                "    trainer_class: MegatronPretrainTrainer\n")
+    code, _, err = run(capsys, "config", "validate", exp)
+    assert code == 2 and err.count("\n") == 1
+    assert "exp.yaml:9: modules.pre_trainer.trainer_class: AMD Primus's trainer class 'MegatronPretrainTrainer'" in err
+
+
 def test_automodel_errors_name_their_line(tmp_path, capsys):
     pytest.importorskip("nemo_automodel")
     exp = write(tmp_path / "exp.yaml", HEAD + "    framework: nemo_automodel\n    config: pre_trainer.yaml\n"
