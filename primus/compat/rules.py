@@ -16,7 +16,7 @@ kinds, each built by one function below so the per-framework tables read as data
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 # The values AMD Primus uses for "feature off".
@@ -76,7 +76,6 @@ class Rule:
     off: tuple[Any, ...] = OFF  # values meaning "feature off" (kernel / unsupported)
     when: Literal["resolve", "run"] = "run"
     function: Callable[..., None] | None = None  # custom(value, ctx)
-    tags: tuple[str, ...] = field(default=())
 
     def is_off(self, value: Any) -> bool:
         return value in self.off  # == comparison: AMD files write false and 0 alike

@@ -4,7 +4,8 @@
 Read from AMD Primus fd1eeab ``primus/configs/modules/torchtitan/{pre_trainer,quantize}.yaml`` and
 ``primus/configs/models/torchtitan/*.yaml``; the 0.3.0 names from the installed torchtitan
 (``torchtitan.trainer.Trainer.Config`` and the component configs it holds). Keys whose name did
-not change (``training.steps``, ``lr_scheduler.*``, ``checkpoint.*``, ...) need no rule.
+not change (``training.steps``, ``lr_scheduler.*``, ``checkpoint.*``, ...) need no rule, nor does
+``model: {name, flavor}``: the TorchTitan backend reads a registry model by those keys, as 0.2 did.
 """
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from primus.compat.rules import custom, inert, kernel, rename, table, unsupporte
 
 TT02 = "TorchTitan 0.2 name"
 TURBO = "Primus-Turbo kernel switch"
-# The model preset key a TorchTitan registry model is named by (agreed with the TorchTitan backend).
-REGISTRY_NAME, REGISTRY_FLAVOR = "model.name", "model.flavor"
 BETAS = ("optimizer.beta1", "optimizer.beta2")
 
 
