@@ -114,6 +114,14 @@ def _recompute_layer_ids(value: Any, ctx, key: str) -> None:
     ctx.set(key, 1, "recompute_num_layers", why)
 
 
+def _conversation_format(value: Any, ctx, key: str) -> None:
+    """AMD Primus's ``messages`` format is the tokenizer's chat template; other values go to the backend."""
+    if value == "messages":
+        ctx.set(key, "chat_template", key, "AMD Primus's messages format renders with the tokenizer's chat template")
+    else:
+        ctx.params[key] = value
+
+
 def _family(prefix: str, family: str):
     return unsupported(prefix, f"{family} models are not supported by Primus's Megatron backend (megatron-core "
                                f"GPT models only)", off=(None,), when="resolve")
@@ -254,6 +262,7 @@ RULES = table(
     custom("tokenizer_type", "tokenizer type", _tokenizer_type),
     # -- SFT (sft_trainer.yaml). hf_path, sft_dataset_name, sft_conversation_format and
     # enable_packed_sequences are read by the Megatron backend's post-training (issue #15) ------
+    custom("sft_conversation_format", "SFT conversation format", _conversation_format),
     inert("sft_dataset_split", "the instruction JSONL files are read whole (a validation split is held out)"),
     inert("use_packed_attention", "packed sequences always get per-document attention masks here (AMD's true)"),
     inert("enable_odc_lb_mini", "AMD Primus ODC load balancing; off here"),

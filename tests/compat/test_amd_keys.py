@@ -42,6 +42,7 @@ MAPPED = {
         "fully_parallel_save": (False, ("set", "ckpt_fully_parallel_save", False)),
         "virtual_pipeline_model_parallel_size": (2, ("set", "num_virtual_stages_per_pipeline_rank", 2)),
         "tokenizer_type": ("Llama3Tokenizer", ("set", "tokenizer_type", "HuggingFaceTokenizer")),
+        "sft_conversation_format": ("messages", ("set", "sft_conversation_format", "chat_template")),
         **{key: (True, ("kernel",)) for key in (
             "enable_primus_turbo", "use_turbo_autotune", "use_turbo_attention", "use_turbo_gemm",
             "use_turbo_grouped_gemm", "turbo_grouped_gemm_without_padding", "use_turbo_fused_act_with_probs",

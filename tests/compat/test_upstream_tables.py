@@ -50,6 +50,12 @@ def test_every_amd_megatron_preset_key_is_megatron_lm_or_translated():
     assert not missing, f"AMD Primus keys neither Megatron-LM's nor translated: {missing}"
 
 
+def test_sft_keys_the_backend_reads_are_left_to_it():
+    """hf_path / sft_dataset_name / enable_packed_sequences are the post-training's own; only AMD's
+    'messages' value of sft_conversation_format is translated."""
+    assert not {"hf_path", "sft_dataset_name", "enable_packed_sequences"} & set(TABLES["megatron"])
+
+
 def test_no_compat_rule_shadows_a_megatron_lm_argument():
     """compat runs first: a rule for one of Megatron-LM's own arguments would hijack it."""
     table = pytest.importorskip("primus.backends.megatron.megatron_lm_args")
