@@ -41,6 +41,8 @@ TARGET_DEVICES = ("MI300X", "MI325X", "MI355X")
 NOT_TRANSFORMER_LLM = re.compile(r"zebra_llama|mamba|hybrid|(^|/)diffusion/|flux")
 # The dry-run checks the files a run reads: their cluster's data / checkpoint paths are absent here.
 MISSING_INPUT = re.compile(r": \S+ does not exist$")
+# A layout for more than one 8-GPU node: the report also tries it on the nodes it needs.
+WORLD_SIZE = re.compile(r"world size \(\d+\) is not divisible by")
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Result:
     file: str
     framework: str
     in_target: bool  # a transformer-LLM or AutoModel example under MI300X/MI325X/MI355X
-    result: str  # pass | needs inputs | refused | fail: validate|plan|dry-run
+    result: str  # pass | needs inputs | pass on N nodes | refused | fail: validate|plan|dry-run
     error: str = ""
 
     @property
@@ -106,34 +108,52 @@ def _primus(argv: list[str]) -> tuple[int, str]:
     return code, error.removeprefix("primus: error: ")
 
 
-def _plan_argv(path: str) -> list[str]:
+def _plan_argv(path: str, nodes: int = 1) -> list[str]:
     from primus.cli.main import build_parser
 
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]  # noqa: SLF001 (argparse has no API)
     flags = {option for action in plan._actions for option in action.option_strings}
-    if "--nproc-per-node" in flags:
-        return ["plan", path, "--nproc-per-node", "8"]
-    os.environ["GPUS_PER_NODE"] = "8"  # an older `plan` reads the world size from the launcher's variables
+    if "--nproc-per-node" in flags and (nodes == 1 or "-N" in flags):
+        return ["plan", path, "--nproc-per-node", "8", *(["-N", str(nodes)] if nodes > 1 else [])]
+    # an older `plan` reads the world size from the launcher's variables
+    os.environ.update(GPUS_PER_NODE="8", NNODES=str(nodes))
     return ["plan", path]
+
+
+def _steps(path: str, nodes: int = 1) -> list[tuple[str, list[str]]]:
+    node_flags = ["-N", str(nodes), "--master-addr", "node0"] if nodes > 1 else []
+    return [("validate", ["config", "validate", path]), ("plan", _plan_argv(path, nodes)),
+            ("dry-run", ["train", path, "--dry-run", "--nproc-per-node", "8", *node_flags])]
+
+
+def _run_steps(path: str, nodes: int = 1) -> tuple[str | None, int, str]:
+    """(the step that failed or None, its exit status, its first error line)."""
+    for name, argv in _steps(path, nodes):
+        code, error = _primus(argv)
+        if code != 0:
+            return name, code, error
+    return None, 0, ""
 
 
 def check(path: Path, checkout: Path) -> Result:
     relative = path.relative_to(checkout).as_posix()
     framework, model = _framework_and_model(path)
     target = in_target(relative, framework, model)
-    steps = [("validate", ["config", "validate", str(path)]), ("plan", _plan_argv(str(path))),
-             ("dry-run", ["train", str(path), "--dry-run", "--nproc-per-node", "8"])]
     family = expected_refusal(framework, model)
-    for name, argv in steps:
-        code, error = _primus(argv)
-        if code != 0:
-            error = error.replace(f"{checkout}/", "")
-            if family is not None and code == 2 and family in error:
-                return Result(relative, framework, target, "refused", error)
-            if name == "dry-run" and code == 2 and MISSING_INPUT.search(error):
-                return Result(relative, framework, target, "needs inputs", error)
-            return Result(relative, framework, target, f"fail: {name}", error)
-    return Result(relative, framework, target, "pass" if family is None else "fail: family not refused")
+    failed, code, error = _run_steps(str(path))
+    if failed is not None and WORLD_SIZE.search(error):  # a multi-node layout: on the nodes it needs?
+        for nodes in (2, 4, 8, 16):
+            if _run_steps(str(path), nodes)[0] is None:
+                return Result(relative, framework, target, f"pass on {nodes} nodes", error.replace(f"{checkout}/", ""))
+    os.environ["NNODES"] = "1"
+    if failed is None:
+        return Result(relative, framework, target, "pass" if family is None else "fail: family not refused")
+    error = error.replace(f"{checkout}/", "")
+    if family is not None and code == 2 and family in error:
+        return Result(relative, framework, target, "refused", error)
+    if failed == "dry-run" and code == 2 and MISSING_INPUT.search(error):
+        return Result(relative, framework, target, "needs inputs", error)
+    return Result(relative, framework, target, f"fail: {failed}", error)
 
 
 def cause(error: str) -> str:
@@ -150,8 +170,9 @@ def report(results: list[Result], checkout: Path, seconds: float) -> str:
     target = [r for r in results if r.in_target]
     passed = [r for r in target if r.passed]
     inputs = [r for r in target if r.result == "needs inputs"]
+    multi = [r for r in target if r.result.startswith("pass on")]
     refused = [r for r in results if r.result == "refused" and not r.in_target]
-    failures = [r for r in target if not r.passed and r.result != "needs inputs"]
+    failures = [r for r in target if not r.passed and r.result != "needs inputs" and r not in multi]
     commit = _commit(checkout)
     lines = [
         f"Checkout: `{checkout}`{f' at {commit}' if commit else ''}; {len(results)} example experiments; "
@@ -162,20 +183,24 @@ def report(results: list[Result], checkout: Path, seconds: float) -> str:
         f"{len(inputs)} more pass validate and plan and stop at the dry-run only because an input file the "
         f"experiment names (their cluster's data, tokenizer or checkpoint path) is absent here "
         f"({100 * (len(passed) + len(inputs)) / max(1, len(target)):.1f}% with them). "
+        f"{len(multi)} more are layouts for more than one 8-GPU node, refused on 8 ranks in one line, and pass "
+        f"plan and dry-run on the nodes they need ({100 * (len(passed) + len(inputs) + len(multi)) / max(1, len(target)):.1f}% "
+        f"with both). "
         f"{len(refused)} more are not transformer-LLM examples (Mamba / hybrid, Flux, other trainers) and are "
         f"refused in one line each; {len(results) - len(target) - len(refused)} others lie outside the MI300X / "
         f"MI325X / MI355X example folders.",
         "",
-        "| framework | pass | needs inputs | fail | refused (family) |",
-        "|---|---|---|---|---|",
+        "| framework | pass | needs inputs | multi-node | fail | refused (family) |",
+        "|---|---|---|---|---|---|",
     ]
     by_framework = collections.defaultdict(collections.Counter)
     for r in results:
-        kind = r.result if r.result in ("pass", "refused", "needs inputs") else "fail"
+        kind = "multi-node" if r.result.startswith("pass on") else \
+            r.result if r.result in ("pass", "refused", "needs inputs") else "fail"
         by_framework[r.framework][kind] += 1
     for framework, counts in sorted(by_framework.items()):
-        lines.append(f"| {framework} | {counts['pass']} | {counts['needs inputs']} | {counts['fail']} | "
-                     f"{counts['refused']} |")
+        lines.append(f"| {framework} | {counts['pass']} | {counts['needs inputs']} | {counts['multi-node']} | "
+                     f"{counts['fail']} | {counts['refused']} |")
     lines += ["", "Why the other target examples do not pass (causes with file names and values taken out):", ""]
     for text, count in collections.Counter(cause(r.error) for r in failures).most_common(12):
         lines.append(f"- {count} × {text}")
