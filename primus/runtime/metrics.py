@@ -11,7 +11,10 @@ import resource
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from primus.runtime.averages import StepAverages
 
 logger = logging.getLogger("primus.metrics")
 
@@ -91,35 +94,11 @@ def format_train_line(m: StepMetrics) -> str:
     )
 
 
-class StepAverages:
-    """Running averages of the step rates, as AMD Primus logs them (``log_avg_skip_iterations`` /
-    ``log_avg_reset_interval``): the first ``skip`` steps are left out, and the average restarts
-    every ``window`` steps."""
-
-    KEYS = ("step_time", "tflops", "tokens_per_sec")
-
-    def __init__(self, skip: int, window: int):
-        self.skip, self.window = skip, window
-        self.recent: list[StepMetrics] = []
-
-    def update(self, metrics: StepMetrics) -> dict[str, float]:
-        if metrics.step == self.skip + 1 or len(self.recent) >= self.window:
-            self.recent.clear()
-        if metrics.step > self.skip:
-            self.recent.append(metrics)
-        averages = {}
-        for key in self.KEYS:
-            values = [getattr(m, key) for m in self.recent if getattr(m, key) is not None]
-            if values:
-                averages[f"avg_{key}"] = sum(values) / len(values)
-        return averages
-
-
 class MetricsReporter:
     """Writes metrics.jsonl, TensorBoard events (if installed) and the console line."""
 
     def __init__(self, run_dir: Path, *, rank: int, world_size: int, device: str,
-                 peak_tflops: float | None, enable_tensorboard: bool = True, averages: StepAverages | None = None):
+                 peak_tflops: float | None, enable_tensorboard: bool = True, averages: "StepAverages | None" = None):
         self.rank, self.world_size, self.device, self.peak = rank, world_size, device, peak_tflops
         self.averages = averages
         self.history: list[StepMetrics] = []

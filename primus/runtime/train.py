@@ -17,7 +17,8 @@ from primus.logs.setup import setup_logging
 from primus.runtime.adapter import EnginePlan, ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import device_peak
-from primus.runtime.metrics import MetricsReporter, StepAverages
+from primus.runtime.averages import StepAverages
+from primus.runtime.metrics import MetricsReporter
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER, Preempted, StopSignal
 from primus.runtime.rundir import read_resolved_config, record_restart

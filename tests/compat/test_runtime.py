@@ -5,7 +5,8 @@ from primus.compat.rules import Translation
 from primus.compat.runtime import announce, check_runnable, localize_hub_tokenizer
 from primus.config.errors import ConfigError
 from primus.config.resolve import ResolvedModule
-from primus.runtime.metrics import StepAverages, StepMetrics
+from primus.runtime.averages import StepAverages
+from primus.runtime.metrics import StepMetrics
 
 
 def test_each_translation_is_said_and_a_kernel_switch_names_the_kernel_that_runs():
