@@ -63,14 +63,17 @@ def test_the_blog_experiment_shrunk_by_model_keys_trains_on_cpu(run_primus, work
     shrink = ["num_layers=2", "hidden_size=64", "ffn_hidden_size=128", "num_attention_heads=4",
               "num_query_groups=2", "vocab_size=512", "max_position_embeddings=1024"]
     # 3 steps of 4 samples keep the test short; a warm-up longer than the run is clamped, with a warning
+    # and AMD's disable_last_saving on the command line: no checkpoint at the last step
     result = run_primus("train", BLOG, f"workspace={workspace}", *shrink, "train_iters=3", "global_batch_size=4",
-                        "lr_warmup_iters=200", timeout=900)
+                        "lr_warmup_iters=200", "disable_last_saving=true", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = workspace / "AMD" / "root" / "llama3.1_8B-pretrain"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     debug = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
     assert "derived tokenizer_type=NullTokenizer (mock_data" in debug  # the Hub tokenizer is not needed
+    assert "translated disable_last_saving=true → primus.save_last_checkpoint=false" in debug
+    assert not list((run_dir / "checkpoints").glob("iter_*"))
     warnings = (run_dir / "logs" / "pre_trainer" / "rank-0" / "warning.log").read_text()
     assert "lr_warmup_iters" in warnings and "clamped" in warnings
 
