@@ -40,13 +40,17 @@ def _show(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
-    from primus.launch.job import plan_module
+    from primus.launch.job import plan_module, validate_keys
 
     resolved = _resolve(args, overrides)
     for module in resolved.modules.values():
-        if args.no_engine:
-            print(f"OK {args.exp}: modules.{module.name} ({module.framework}, schema only)")
-            continue
-        adapter, _ = plan_module(resolved, module, check_paths=args.check_paths)
-        print(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
+        if args.no_engine:  # every key against the backend's own tables, without importing the engine
+            checked = validate_keys(resolved, module)
+            print(f"OK {args.exp}: modules.{module.name} ({module.framework}, "
+                  f"{'keys checked, engine not imported' if checked else 'schema only'})")
+        else:
+            adapter, _ = plan_module(resolved, module, check_paths=args.check_paths)
+            print(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
+        for translation in module.translations:  # AMD Primus names (primus/compat)
+            print(f"  {translation.line()}")
     return 0

@@ -51,12 +51,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Resolve EXP (+ key=value / --key value overrides) and train it, here, on N nodes, "
                     "through Slurm or in a container.",
     )
-    parser.add_argument("exp", help="experiment YAML")
+    parser.add_argument("exp", nargs="?", help="experiment YAML")
+    # AMD Primus spellings of the same command: `train --config EXP`, `train pretrain --config EXP`
+    parser.add_argument("--config", dest="config_file", metavar="EXP", help="experiment YAML (AMD Primus spelling)")
     parser.add_argument("--module", help="module to run (default: pre_trainer)")
     resume = parser.add_mutually_exclusive_group()
-    resume.add_argument("--resume", dest="resume", action="store_const", const="always", default="auto",
+    resume.add_argument("--resume", dest="resume", action="store_const", const="always", default=None,
                         help="continue the existing run even if it completed (default: resume an interrupted "
-                             "run automatically, refuse a completed one)")
+                             "run automatically, refuse a completed one; primus.resume in the experiment)")
     resume.add_argument("--no-resume", dest="resume", action="store_const", const="never",
                         help="refuse to touch an existing run directory")
     parser.add_argument("--dry-run", action="store_true", help="print what would run (command lines or the "
@@ -66,6 +68,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(they are always in logs/.../warning.log, debug.log)")
     add_launcher_flags(parser, train=True)
     parser.set_defaults(handler=_train, accepts_overrides=True)
+
+
+def experiment_argument(args: argparse.Namespace, extras: list[str]) -> str:
+    """``EXP``, ``--config EXP`` or AMD Primus's ``pretrain --config EXP``; a stray override goes back to extras."""
+    from primus.config.errors import ConfigError
+
+    if args.config_file is None:
+        if args.exp is None:
+            raise ConfigError("train: give the experiment file (primus train EXP.yaml)")
+        return args.exp
+    if args.exp is not None and args.exp != "pretrain":
+        if "=" not in args.exp:
+            raise ConfigError(f"train: '{args.exp}' and --config {args.config_file}: give one experiment file "
+                              f"(AMD Primus's `train pretrain --config EXP` is accepted)")
+        extras.insert(0, args.exp)  # argparse took an override for the optional positional
+    return args.config_file
 
 
 def _train(args: argparse.Namespace, extras: list[str]) -> int:
@@ -79,6 +97,7 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.runtime.registry import backend_defaults, backend_derived
     from primus.runtime.rundir import RunDir
 
+    args.exp = experiment_argument(args, extras)
     if args.verbose:
         import os
 
@@ -92,6 +111,8 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     for line in resolved.provenance.overridden:  # Primus replaced something the user wrote: say so
         print(f"[primus] derived {line}", file=sys.stderr, flush=True)
     module = select_module(resolved, args.module)
+    # the flag wins; else the experiment's primus.resume (AMD Primus: auto_continue_train); else auto
+    args.resume = args.resume or (module.params.get("primus") or {}).get("resume") or "auto"
     if executor in ("local", "multi-node"):
         return run_training_job(resolved, module, plan_from_config(config), resume=args.resume,
                                 dry_run=args.dry_run, argv=["primus", *sys.argv[1:]])

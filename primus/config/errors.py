@@ -67,12 +67,18 @@ class ConfigError(Exception):
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string.
+    """`` (did you mean 'x'?)`` for another engine's name of the same setting, else the closest
+    candidate, or an empty string.
 
     Whole underscore-separated words count first (``expert_model_parallel_sise`` is closest to
     ``expert_model_parallel_size``, not ``pipeline_model_parallel_size``), then characters."""
+    from primus.compat.synonyms import synonym_in  # data only; imported late (compat imports config)
+
     candidates = [str(c) for c in candidates]
     word = str(word)
+    synonym = synonym_in(word, candidates)
+    if synonym is not None:
+        return f" (did you mean '{synonym}'?)"
     matches = difflib.get_close_matches(word, candidates, n=5, cutoff=0.6)
     if not matches:
         return ""

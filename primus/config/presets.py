@@ -59,27 +59,44 @@ def display_path(path: Path) -> str:
             return str(path)
 
 
+# AMD Primus spells ``extends:`` as ``bases:`` in some presets; both mean the same, one per file.
+PARENT_KEYS = ("extends", "bases")
+
+
+def _pop_parents(layer: Layer, where: str) -> tuple[list[str] | None, str]:
+    """The file's parent list (from ``extends:`` or its AMD Primus alias ``bases:``) and its file:line."""
+    present = [key for key in PARENT_KEYS if key in layer.data]
+    if len(present) > 1:
+        raise ConfigError(f"{layer.origins.get(present[1], where)}: both extends and bases are set; "
+                          f"bases is AMD Primus's name for extends: keep one")
+    if not present:
+        return None, where
+    key = present[0]
+    parents = layer.data.pop(key)
+    line = layer.origins.pop(key, where)
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+        raise ConfigError(f"{line}: {key} must be a file name or a list of file names")
+    return parents, line
+
+
 def load_with_extends(path: Path, label: str, _stack: tuple[Path, ...] = ()) -> list[Layer]:
-    """The file's ``extends:`` parents (depth first, in order) followed by the file itself."""
+    """The file's ``extends:`` (or ``bases:``) parents, depth first, in order, then the file itself."""
     path = path.resolve()
     if path in _stack:
         cycle = " -> ".join(display_path(p) for p in (*_stack, path))
         raise ConfigError(f"{display_path(path)}: extends cycle: {cycle}")
     layer = load_yaml_layer(path, label, display_path(path))
-    parents = layer.data.pop("extends", None)
-    layer.origins.pop("extends", None)
+    parents, line = _pop_parents(layer, display_path(path))
     if parents is None:
         return [layer]
-    if isinstance(parents, str):
-        parents = [parents]
-    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
-        raise ConfigError(f"{display_path(path)}: extends must be a file name or a list of file names")
     layers: list[Layer] = []
     for parent in parents:
         parent_path = Path(parent).expanduser()
         parent_path = parent_path if parent_path.is_absolute() else path.parent / parent_path
         if not parent_path.is_file():
-            raise ConfigError(f"{display_path(path)}: extends '{parent}' not found ({parent_path})")
+            raise ConfigError(f"{line}: extends '{parent}' not found ({parent_path})")
         layers.extend(load_with_extends(parent_path, f"{label} (extends)", (*_stack, path)))
     layers.append(layer)
     return layers

@@ -19,7 +19,7 @@ from primus.config.errors import ConfigError
 from primus.config.overrides import overrides_layer, parse_overrides
 from primus.config.presets import CONFIGS_ROOT, find_preset, load_with_extends
 from primus.config.provenance import Provenance, Source, merge_layer
-from primus.config.schema import ExperimentSpec, ModuleSpec, validate_model
+from primus.config.schema import ExperimentSpec, LoggingSpec, ModuleSpec, validate_model
 from primus.config.secrets import REDACTED, externalize_secrets, is_secret_key, redact_tree, remember_secrets
 from primus.config.yaml_source import Layer
 
@@ -36,6 +36,7 @@ class ResolvedModule:
     config: str | None
     model: str | None
     params: dict[str, Any]
+    translations: list[Any] = field(default_factory=list)  # primus.compat.Translation, AMD Primus names
 
 
 @dataclass
@@ -50,7 +51,8 @@ class ResolvedExperiment:
         head = self.spec.model_dump(exclude={"modules"})
         head["modules"] = {
             name: {"framework": m.framework, "stage": m.stage, "config": m.config, "model": m.model,
-                   "params": m.params}
+                   "params": m.params,
+                   **({"translated": [t.to_dict() for t in m.translations]} if m.translations else {})}
             for name, m in self.modules.items()
         }
         return head
@@ -126,9 +128,19 @@ def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenan
                            where=provenance.describe(f"modules.{name}.config"))
         layers += load_with_extends(path, "module preset")
     if module.model:
-        path = find_preset(module.model, [CONFIGS_ROOT / "models" / module.framework, CONFIGS_ROOT / "models" / "common"],
-                           relative_to=experiment_dir, what="model preset",
-                           where=provenance.describe(f"modules.{name}.model"))
+        try:
+            path = find_preset(module.model, [CONFIGS_ROOT / "models" / module.framework,
+                                              CONFIGS_ROOT / "models" / "common"],
+                               relative_to=experiment_dir, what="model preset",
+                               where=provenance.describe(f"modules.{name}.model"))
+        except ConfigError:
+            from primus.compat.families import model_reason  # an AMD Primus family Primus does not run
+
+            reason = model_reason(module.framework, module.model)
+            if reason is None:
+                raise
+            raise ConfigError(f"{provenance.describe(f'modules.{name}.model')}: model preset '{module.model}': "
+                              f"{reason}") from None
         layers += load_with_extends(path, "model preset")
     return layers
 
@@ -151,6 +163,7 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     experiment_items, param_items = _route(items, module_names)
     if experiment_items:
         merge_layer(experiment, overrides_layer(experiment_items), provenance)
+    _refuse_other_trainers(experiment, provenance)  # before the schema: their files differ in more ways
     remember_secrets(experiment)  # from here on, errors mask them
     spec: ExperimentSpec = validate_model(ExperimentSpec, experiment, provenance)
 
@@ -158,6 +171,7 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     for name, module in spec.modules.items():
         params: dict[str, Any] = {}
         prefix = f"modules.{name}"
+        stage_explicit = bool(provenance.chain(f"{prefix}.stage"))  # before params share the key's namespace
         if backend_defaults is not None:
             defaults = backend_defaults(module.framework, module.stage,
                                         provenance.describe(f"{prefix}.framework"),
@@ -169,13 +183,53 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
         merge_layer(params, _overrides_as_layer(name, module, provenance), provenance, prefix=prefix)
         if param_items.get(name):
             merge_layer(params, overrides_layer(param_items[name]), provenance, prefix=prefix)
+        stage, translations = _translate_amd_names(name, module, params, spec, provenance, stage_explicit)
         remember_secrets(params)
         if derive is not None:  # last: what Primus derives wins, and says so (--why, provenance.overridden)
             for key, value, reason in derive(module.framework, params):
                 _set_dotted(params, key, value)
                 provenance.record_derived(f"{prefix}.{key}", value, reason)
-        modules[name] = ResolvedModule(name, module.framework, module.stage, module.config, module.model, params)
+        modules[name] = ResolvedModule(name, module.framework, stage, module.config, module.model, params,
+                                       translations)
     return ResolvedExperiment(source=source, spec=spec, modules=modules, provenance=provenance)
+
+
+def _refuse_other_trainers(experiment: dict[str, Any], provenance: Provenance) -> None:
+    """AMD Primus's trainers and model families Primus does not run (MaxText, Megatron-Bridge, Flux, ...):
+    one line with the reason, before the schema trips over the other keys their files carry."""
+    from primus.compat.families import framework_reason, model_reason
+
+    modules = experiment.get("modules")
+    for name, module in (modules.items() if isinstance(modules, dict) else ()):
+        if not isinstance(module, dict):
+            continue
+        framework, model = str(module.get("framework")), module.get("model")
+        reason = framework_reason(framework)
+        key = f"modules.{name}.framework"
+        if reason is None and isinstance(model, str):
+            reason, key = model_reason(framework, model), f"modules.{name}.model"
+        if reason is not None:
+            what = f"framework '{framework}'" if key.endswith("framework") else f"model preset '{model}'"
+            raise ConfigError(f"{provenance.describe(key)}: {what}: {reason}")
+        if "trainer_class" in module:
+            key = f"modules.{name}.trainer_class"
+            raise ConfigError(f"{provenance.describe(key)}: {key}: AMD Primus's trainer class "
+                              f"'{module['trainer_class']}' is not a Primus trainer: the framework's own trainer "
+                              f"runs (remove trainer_class)")
+
+
+def _translate_amd_names(name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,
+                         provenance: Provenance, stage_explicit: bool):
+    """AMD Primus's spellings -> ours (primus/compat), in place; the module's stage may follow them."""
+    from primus.compat import translate_module
+
+    experiment = {"logging": spec.logging.model_dump()}
+    stage, translations = translate_module(
+        name, module.framework, params, stage=module.stage,
+        stage_explicit=stage_explicit, experiment=experiment,
+        provenance=provenance)
+    spec.logging = validate_model(LoggingSpec, experiment["logging"], provenance, "logging")
+    return stage, translations
 
 
 def format_why(resolved: ResolvedExperiment, key: str) -> str:

@@ -75,6 +75,12 @@ class PrimusOptions(BaseModel):
     peak_dtype: str = Field("bf16", pattern=r"^(bf16|fp32)$", description="which peak of the table to use")
     tensorboard: bool = True
     hf_token: str | None = Field(None, description="exported as HF_TOKEN to the workers; never saved")
+    # Settings AMD Primus experiments reach through their own key names (primus/compat):
+    avg_skip_steps: int = Field(0, ge=0, description="[TRAIN] averages leave out the first N steps")
+    avg_window: int | None = Field(None, gt=0, description="[TRAIN] averages over the last N steps (None: off)")
+    save_last_checkpoint: bool = Field(True, description="save a checkpoint at the last step (Megatron)")
+    resume: Literal["auto", "always", "never"] | None = Field(
+        None, description="resume policy when the command line names none (--resume / --no-resume)")
 
 
 class ExperimentSpec(BaseModel):

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from primus.compat.runtime import check_runnable
 from primus.config.errors import ConfigError, mask_secrets
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
 from primus.config.schema import PrimusOptions, validate_model
@@ -87,6 +88,19 @@ class Job:
         return "" if self.plan.is_node_zero else f"node {self.plan.node_rank} "
 
 
+def validate_keys(resolved: ResolvedExperiment, module: ResolvedModule) -> bool:
+    """Every key against the backend's own tables, without importing the engine (``validate --no-engine``).
+    False where the backend's keys are the engine's own config classes (only the Primus block is checked)."""
+    adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
+    if getattr(adapter, "plans_without_engine", False):
+        plan_module(resolved, module, require_engine=False)
+        return True
+    adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
+    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,
+                   f"modules.{module.name}.primus")
+    return False
+
+
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: str, dry_run: bool, argv: list[str]) -> int:
     run_dir = RunDir.of(resolved.spec)
@@ -95,6 +109,7 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
     if dry_run:
         _print_dry_run(job)
         return ExitCode.COMPLETED
+    check_runnable(job.module)  # an AMD Primus feature this Primus cannot honour stops here (primus/compat)
     os.environ.update(job.secret_env)  # literal secrets reach the workers by environment, nowhere else
     claim = _claim_as_node_zero if plan.is_node_zero else _join_as_other_node
     try:

@@ -41,6 +41,7 @@ class RunContext:
     resume: bool = False  # continue from the latest checkpoint under checkpoint_dir
     stop: StopSignal = field(default_factory=StopSignal)
     stop_on_non_finite_loss: bool = True  # a backend turns it off when the user asked to continue
+    save_last_checkpoint: bool = True  # primus.save_last_checkpoint (AMD Primus: disable_last_saving)
 
 
     @property

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from primus.runtime.sinks import MetricSink
+    from primus.runtime.averages import StepAverages
 
 
 
@@ -127,16 +128,19 @@ class MetricsReporter:
 
     def __init__(self, run_dir: Path, *, rank: int, world_size: int, device: str,
                  peak_tflops: float | None, enable_tensorboard: bool = True,
-                 extra_sinks: Sequence["MetricSink"] = ()):
+                 extra_sinks: Sequence["MetricSink"] = (), averages: "StepAverages | None" = None):
         from primus.runtime.sinks import standard_sinks
 
         self.rank, self.world_size, self.device, self.peak = rank, world_size, device, peak_tflops
+        self.averages = averages  # AMD Primus's log_avg_*: tumbling averages in each record's extra
         self.sinks: list[MetricSink] = []
         if rank == 0:
             self.sinks = [*standard_sinks(run_dir, enable_tensorboard=enable_tensorboard), *extra_sinks]
 
     def report(self, report: StepReport) -> StepMetrics:
         metrics = derive(report, world_size=self.world_size, device=self.device, peak_tflops=self.peak)
+        if self.averages is not None:
+            metrics.extra.update(self.averages.update(metrics))
         for sink in self.sinks:
             sink.write(metrics)
         return metrics

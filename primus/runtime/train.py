@@ -9,11 +9,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from primus.compat.runtime import announce, localize_hub_tokenizer, translations_of
+from primus.config.errors import ConfigError
 from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import engine_output_to_log, engine_warning_summary, setup_logging
 from primus.runtime.adapter import EnginePlan, ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import device_peak
+from primus.runtime.averages import StepAverages
 from primus.runtime.metrics import MetricsReporter
 from primus.runtime.sinks.trackers import tracker_sinks
 from primus.runtime.registry import get_adapter
@@ -58,17 +61,29 @@ def train_worker(payload: dict[str, Any]) -> int:
     params = section["params"]
     primus_opts = params.get("primus") or {}
     if primus_opts.get("hf_token"):
-        os.environ.setdefault("HF_TOKEN", primus_opts["hf_token"])
+        os.environ["HF_TOKEN"] = primus_opts["hf_token"]  # the config's own token wins over the shell's
     # perf (#17): a peak on every device (measured GEMM on CPU, cached per host); rank 0 reports MFU
     peak, peak_source = device_peak(device_name, primus_opts.get("peak_dtype", "bf16"),
                                     primus_opts.get("peak_tflops"), probe=rank == 0)
+    averages = StepAverages(primus_opts.get("avg_skip_steps", 0), primus_opts["avg_window"]) \
+        if primus_opts.get("avg_window") else None
     reporter = MetricsReporter(run_dir, rank=rank, world_size=world_size, device=device, peak_tflops=peak,
-                               enable_tensorboard=primus_opts.get("tensorboard", True),
+                               enable_tensorboard=primus_opts.get("tensorboard", True), averages=averages,
                                extra_sinks=tracker_sinks(tree, module_name, run_dir, rank=rank))  # W&B, MLflow
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     resume = bool(payload.get("resume")) or restarts > 0  # a restarted worker continues from its checkpoint
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
-                     logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install())
+                     logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install(),
+                     save_last_checkpoint=primus_opts.get("save_last_checkpoint", True))
+    # AMD Primus names (primus/compat): say what each became; fetch a Hub tokenizer once
+    announce(translations_of(section), logger.info, ctx.log_derived)
+    try:
+        params = localize_hub_tokenizer(section["framework"], params, local_rank=local_rank,
+                                        log_derived=ctx.log_derived)
+    except ConfigError as exc:
+        logger.error("rank %d: %s", rank, exc)
+        reporter.close()
+        return exc.exit_code
     if restarts and rank == 0:
         RunDir(run_dir).record_restart(restarts)
         logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint", restarts)
@@ -80,8 +95,9 @@ def train_worker(payload: dict[str, Any]) -> int:
     logger.info("MFU peak: %s TFLOP/s per device (%s)", "n/a" if peak is None else f"{peak:.4g}", peak_source)
     try:
         # the same plan the launcher built, rebuilt from config.resolved.yaml for this rank's run dir and device
-        plan = _HANDED_OVER.pop((str(run_dir), module_name), None) or \
-            adapter.plan(module, world_size, run_dir=run_dir, device=device)
+        plan = _HANDED_OVER.pop((str(run_dir), module_name), None)
+        if plan is None or params is not section["params"]:  # a Hub tokenizer now read from its local copy
+            plan = adapter.plan(module, world_size, run_dir=run_dir, device=device)
         with engine_output_to_log():  # the engine's own prints and progress bars: this rank's debug.log
             adapter.run(plan, ctx)
         status = "completed"
@@ -94,6 +110,9 @@ def train_worker(payload: dict[str, Any]) -> int:
     except NonFiniteLoss as exc:
         logger.error("rank %d: %s", rank, exc)  # one line: a training outcome, not a Primus bug
         raise
+    except ConfigError as exc:  # a refusal only this rank could see (its host, its files): one line, exit 2
+        logger.error("rank %d: %s", rank, exc)
+        return exc.exit_code
     except BaseException:
         logger.exception("rank %d failed", rank)
         raise

@@ -45,6 +45,7 @@ class MegatronAdapter(BackendAdapter):
     stages = ("pretrain",)
     stage_aliases = {"train": "pretrain"}
     data_commands = ("primus.backends.megatron.data_cli",)
+    plans_without_engine = True  # plan() reads Megatron-LM's argument table only: `config validate --no-engine`
 
     def defaults(self, stage: str) -> dict[str, Any]:
         from primus.backends.megatron.arguments import default_args
@@ -103,13 +104,15 @@ class MegatronAdapter(BackendAdapter):
         return derived
 
     def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
+        from primus.compat.hub import is_hub_id
+
         if tiny_assets_dir(plan.module.params) is not None:
             return  # built by prepare() before the ranks start
         from primus.backends.megatron.data import DATA_KEYS, data_prefixes
 
         args, prefix = plan.engine_config, f"modules.{plan.module.name}"
         checks = []
-        if args.tokenizer_model:
+        if args.tokenizer_model and not is_hub_id(args.tokenizer_model):  # a Hub id: fetched when the run starts
             checks.append(("tokenizer_model", Path(args.tokenizer_model)))
         # data_path and train/valid/test_data_path
         checks += [(key, Path(f"{p}.idx"))

@@ -322,7 +322,7 @@ class MegatronTrainer:
                 if last_saved != self.iteration:
                     self.save()
                 raise Preempted(self.iteration, True)
-        if last_saved != self.iteration:
+        if last_saved != self.iteration and ctx.save_last_checkpoint:  # AMD Primus: disable_last_saving
             self.save()
 
     def close(self) -> None:

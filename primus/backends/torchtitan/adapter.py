@@ -103,8 +103,11 @@ class TorchTitanAdapter(BackendAdapter):
         module = plan.module
         if tiny_assets_dir(module.params) is not None:
             return  # built by prepare() before the ranks start
+        from primus.compat.hub import is_hub_id
+
         cfg, prefix = plan.engine_config, f"modules.{module.name}"
-        checks = [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
+        # a Hub id (meta-llama/Llama-3.1-8B) is fetched when the run starts (primus/compat/hub.py)
+        checks = [] if is_hub_id(cfg.hf_assets_path) else [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
         if getattr(cfg.dataloader, "dataset_path", None):
             checks.append(("dataloader.dataset_path", Path(cfg.dataloader.dataset_path)))
         for key, path in checks:

@@ -1,0 +1,45 @@
+"""AMD Primus's NeMo AutoModel spellings -> what AutoModel 0.7.0's diffusion recipe reads.
+
+``optim.*`` is the diffusion YAML schema AutoModel itself retired; 0.7.0 refuses it with the
+mapping in ``nemo_automodel/recipes/diffusion/train.py::_REMOVED_KEY_MIGRATIONS``, which is
+applied here instead. ``model.mode`` picks the stage (Primus derives ``model.mode`` from it).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from primus.compat.rules import custom, rename, table
+
+MIGRATION = "AutoModel's own migration (_REMOVED_KEY_MIGRATIONS, 0.7.0)"
+STAGES = {"pretrain": "pretrain", "finetune": "finetune"}
+
+
+def _mode(value: Any, ctx, key: str) -> None:
+    stage = STAGES.get(str(value))
+    if stage is None:
+        raise ctx.fail(key, f"'{value}' is not one of {', '.join(STAGES)}")
+    if ctx.stage_explicit and ctx.stage not in (stage, "train" if stage == "pretrain" else stage):
+        raise ctx.fail(key, f"model.mode: {value} contradicts the module's stage '{ctx.stage}' set in the "
+                            f"experiment: keep one")
+    ctx.set_stage(key, value, stage, "AMD Primus's model.mode picks the stage; Primus sets model.mode from it")
+
+
+def _wandb(value: Any, ctx, key: str) -> None:
+    """AMD's ``wandb.enable``: 0.7.0 builds a W&B run for any ``wandb:`` block, so off drops the block."""
+    section = ctx.params.get("wandb")
+    if value:
+        ctx.note(key, value, "W&B on: the rest of the wandb: block goes to wandb.init")
+        return
+    ctx.params.pop("wandb", None)
+    ctx.note(key, value, f"W&B off: the wandb: block {section or {}} is dropped (AutoModel 0.7.0 starts W&B "
+                         f"for any wandb: block)")
+
+
+RULES = table(
+    custom("model.mode", "the stage", _mode),
+    rename("optim.learning_rate", "optimizer.lr", MIGRATION),
+    rename("optim.optimizer.*", "optimizer.*", MIGRATION),
+    rename("optim.clip_grad", "clip_grad_norm.max_norm", MIGRATION),
+    rename("step_scheduler.log_every", "step_scheduler.log_remote_every_steps", MIGRATION),
+    custom("wandb.enable", "AMD Primus's W&B switch", _wandb),
+)

@@ -1,0 +1,70 @@
+"""What the compatibility layer does when a run starts (the translations themselves happen at resolve).
+
+- the launcher refuses a run whose experiment turns on an AMD feature this Primus cannot honour
+  (``refuse_at_run``: ``config validate``, ``plan`` and ``train --dry-run`` accepted it);
+- each rank logs the ``translated …`` lines once, and for every AMD kernel switch that is on, a
+  ``derived … (Primus-Turbo not installed)`` line naming the kernel that runs instead;
+- a tokenizer named by Hugging Face Hub id is fetched into the HF cache (``hub.py``) and the run
+  reads the local copy.
+"""
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+from primus.compat.hub import fetch_tokenizer, is_hub_id
+from primus.compat.rules import Translation
+from primus.config.errors import ConfigError
+
+# The key naming a backend's tokenizer directory (or Hub id).
+TOKENIZER_KEYS = {"megatron": "tokenizer_model", "torchtitan": "hf_assets_path"}
+
+
+def translations_of(section: dict[str, Any]) -> list[Translation]:
+    """The translations saved with a module of ``config.resolved.yaml`` (``modules.<m>.translated``)."""
+    return [Translation.from_dict(entry) for entry in section.get("translated") or []]
+
+
+def check_runnable(module: Any) -> None:
+    """Refuse, in one line, a run that needs an AMD feature not available here (exit 2, nothing started)."""
+    for translation in getattr(module, "translations", []):
+        if translation.kind == "refuse_at_run":
+            where = f"{translation.where}: " if translation.where else ""
+            raise ConfigError(f"{where}modules.{module.name}.{translation.source}={translation.value!r}: "
+                              f"{translation.why} (config validate, plan and --dry-run accept it; a run cannot)")
+
+
+def announce(translations: list[Translation], log: Callable[[str], None],
+             log_derived: Callable[[str, object, str], None]) -> None:
+    """One ``translated …`` line per AMD key; the kernel that runs for each AMD kernel switch that is on."""
+    turbo = "Primus-Turbo not installed" if importlib.util.find_spec("primus_turbo") is None \
+        else "Primus does not call Primus-Turbo"
+    for translation in translations:
+        log(translation.line())
+        if translation.kind == "kernel":
+            log_derived(translation.source, "stock kernel", turbo)
+
+
+def localize_hub_tokenizer(framework: str, params: dict[str, Any], *, local_rank: int,
+                           log_derived: Callable[[str, object, str], None]) -> dict[str, Any]:
+    """``params`` with a Hub tokenizer id replaced by its local snapshot (fetched once into the HF cache)."""
+    key = TOKENIZER_KEYS.get(framework)
+    reference = params.get(key) if key else None
+    if not is_hub_id(reference) or (params.get("primus") or {}).get("tiny_assets"):
+        return params
+    params = dict(params)
+    if framework == "megatron" and _mock_needs_no_tokenizer(params):
+        params["tokenizer_type"] = "NullTokenizer"
+        log_derived("tokenizer_type", "NullTokenizer", f"mock_data: random tokens need no tokenizer, so "
+                    f"'{reference}' is not fetched; vocab_size {params['vocab_size']} from the model")
+        return params
+    path = fetch_tokenizer(reference, key=key, local_rank=local_rank)
+    params[key] = str(path)
+    log_derived(key, path, f"Hugging Face Hub '{reference}', fetched once into the HF cache")
+    return params
+
+
+def _mock_needs_no_tokenizer(params: dict[str, Any]) -> bool:
+    real_data = any(params.get(k) for k in ("data_path", "train_data_path", "valid_data_path", "test_data_path"))
+    return bool(params.get("mock_data")) and not real_data and bool(params.get("vocab_size"))

@@ -1,0 +1,101 @@
+"""tools/primus_compat.py over a small AMD-Primus-shaped checkout written for this test.
+
+The TorchTitan experiment is in TorchTitan 0.2 / AMD Primus spelling (``optimizer.beta1``,
+``training.dataset``, ``activation_checkpoint.selective_ac_option`` beside ``mode: none``,
+``profiling``, ``primus_turbo``, sink levels): it must pass the real validate (TorchTitan 0.3.0's
+``Trainer.Config``), plan on 8 ranks and the dry-run, unchanged.
+"""
+import importlib.util
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, write
+
+TT02 = """\
+work_group: AMD
+user_name: root
+exp_name: tiny-tt02
+workspace: ./output
+modules:
+  pre_trainer:
+    framework: torchtitan
+    config: pre_trainer.yaml
+    model: llama3_tiny.yaml
+    overrides:
+      sink_level: null
+      file_sink_level: DEBUG
+      stderr_sink_level: INFO
+      model:
+        hf_assets_path: {tokenizer}
+      training:
+        local_batch_size: 2
+        seq_len: 64
+        steps: 3
+        dataset: c4_test
+        mock_data: false
+      optimizer:
+        name: AdamW
+        lr: 1.0e-3
+        beta1: 0.9
+        beta2: 0.99
+      activation_checkpoint:
+        mode: none
+        selective_ac_option: op
+      profiling:
+        enable_profiling: false
+        profile_freq: 10
+      parallelism:
+        expert_tensor_parallel_degree: 1
+      primus_turbo:
+        enable_primus_turbo: true
+        use_turbo_attention: true
+"""
+MAXTEXT = "work_group: AMD\nuser_name: root\nexp_name: m\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
+          "    framework: maxtext\n    config: pre_trainer.yaml\nenv:\n  XLA_FLAGS: x\n"
+ZEBRA = "work_group: AMD\nuser_name: root\nexp_name: z\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
+        "    framework: megatron\n    config: pre_trainer.yaml\n    model: zebra_llama_1B.yaml\n"
+TYPO = "work_group: AMD\nuser_name: root\nexp_name: t\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
+       "    framework: megatron\n    config: pre_trainer.yaml\n    model: llama3_tiny.yaml\n    overrides:\n" \
+       "      mock_date: true\n"
+
+
+@pytest.fixture(scope="module")
+def compat_tool():
+    spec = importlib.util.spec_from_file_location("primus_compat", ROOT / "tools" / "primus_compat.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["primus_compat"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_report_over_a_checkout(tmp_path, compat_tool, monkeypatch):
+    pytest.importorskip("torchtitan")
+    monkeypatch.chdir(tmp_path)
+    tokenizer = write(tmp_path / "tok" / "tokenizer.json", "{}").parent
+    checkout = tmp_path / "amd"
+    write(checkout / "examples/torchtitan/configs/MI300X/tiny-pretrain.yaml", TT02.format(tokenizer=tokenizer))
+    write(checkout / "examples/megatron/configs/MI300X/tiny-typo.yaml", TYPO)
+    write(checkout / "examples/megatron/configs/MI300X/zebra_llama_1B-pretrain.yaml", ZEBRA)
+    write(checkout / "examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml", MAXTEXT)
+    write(checkout / "examples/README.yaml", "not: an experiment\n")
+    out = tmp_path / "compat.md"  # a document with the report between markers: the rest is kept
+    out.write_text(f"# Compatibility\n\nWritten by hand.\n{compat_tool.BEGIN}\nold report\n{compat_tool.END}\nAfter.\n")
+    assert compat_tool.main([str(checkout), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Compatibility\n\nWritten by hand.\n") and text.endswith(f"{compat_tool.END}\nAfter.\n")
+    assert "old report" not in text
+    assert "examples (MI300X / MI325X / MI355X): 1 / 2 pass validate + plan (8 ranks) + dry-run unchanged (50.0%)" \
+        in text
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| examples/")}
+    assert set(rows) == {"examples/torchtitan/configs/MI300X/tiny-pretrain.yaml",
+                         "examples/megatron/configs/MI300X/tiny-typo.yaml",
+                         "examples/megatron/configs/MI300X/zebra_llama_1B-pretrain.yaml",
+                         "examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml"}
+    assert "| pass |" in rows["examples/torchtitan/configs/MI300X/tiny-pretrain.yaml"]
+    assert "fail: validate" in rows["examples/megatron/configs/MI300X/tiny-typo.yaml"]
+    assert "did you mean 'mock_data'?" in rows["examples/megatron/configs/MI300X/tiny-typo.yaml"]
+    assert "| refused | examples/megatron/configs/MI300X/zebra_llama_1B-pretrain.yaml:9: model preset" \
+        in rows["examples/megatron/configs/MI300X/zebra_llama_1B-pretrain.yaml"]
+    assert "MaxText is a JAX trainer" in rows["examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml"]
+    assert "- 1 × mock_date: unknown Megatron argument (did you mean '…'?)" in text
