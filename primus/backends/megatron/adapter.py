@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
+from primus.hf.megatron_start import check_post_training_inputs, is_post_training, post_training, strip_post_training
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 
 if TYPE_CHECKING:
@@ -27,7 +28,11 @@ def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] 
     extra = params.pop("primus", None) or {}
     # the block itself is checked against primus.config.schema.PrimusOptions before launch
     root = tiny_assets_dir({"primus": extra})
-    if root is not None:
+    # [#15 SFT/HF hook] hf_path / sft_* keys are Primus' (primus/hf/megatron_start.py): taken out here;
+    # such a run names its files itself, so primus.tiny_assets only builds them (prepare), never overrides.
+    names_its_files = is_post_training(params)
+    params = strip_post_training(params, derived)
+    if root is not None and not names_its_files:
         params.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / "tokenizer"),
                       data_path=[str(root / TINY_PREFIX)], mock_data=False)
         if derived is not None:
@@ -41,7 +46,7 @@ class MegatronAdapter(BackendAdapter):
     distribution = "megatron-core"
     import_probe = "megatron.core.models.gpt"
     extra = "megatron"
-    stages = ("pretrain",)
+    stages = ("pretrain", "sft")
     stage_aliases = {"train": "pretrain"}
 
     def defaults(self, stage: str) -> dict[str, Any]:
@@ -51,6 +56,12 @@ class MegatronAdapter(BackendAdapter):
 
     def prepare(self, module: ModuleConfig, log: Callable[[str], None]) -> None:
         root = tiny_assets_dir(module.params)
+        if root is not None and is_post_training(module.params):  # [#15 SFT/HF hook]
+            from primus.hf.tiny import ensure_tiny_sft_assets
+
+            log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+            ensure_tiny_sft_assets(root)
+            return
         if root is None or (root / f"{TINY_PREFIX}.idx").exists():
             return
         from primus.data.indexed import build_indexed_dataset
@@ -67,6 +78,8 @@ class MegatronAdapter(BackendAdapter):
 
         validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
                        f"modules.{module.name}.primus")
+        if is_post_training(module.params) and tiny_assets_dir(module.params) is not None:
+            self.prepare(module, lambda message: None)  # [#15] the model preset is read from the files it builds
 
         parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
         self.import_engine()
@@ -84,6 +97,11 @@ class MegatronAdapter(BackendAdapter):
         return plan_inputs(module.params, world_size)
 
     def check_inputs(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
+        if is_post_training(module.params):  # [#15 SFT/HF hook] HF tensors vs the model, instruction files
+            if tiny_assets_dir(module.params) is not None:
+                self.prepare(module, lambda message: None)
+            check_post_training_inputs(module.params, self.canonical_stage(module.stage),
+                                       prefix=f"modules.{module.name}", provenance=provenance)
         if tiny_assets_dir(module.params) is not None:
             return  # built by prepare() before the ranks start
         params, prefix = module.params, f"modules.{module.name}"
@@ -118,4 +136,5 @@ class MegatronAdapter(BackendAdapter):
                 ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
         from primus.backends.megatron.trainer import train
 
-        train(args, ctx)
+        post = post_training(module.params, self.canonical_stage(module.stage), prefix=f"modules.{module.name}")
+        train(args, ctx, post)  # [#15 SFT/HF hook] post: HF weights / instruction data, or None
