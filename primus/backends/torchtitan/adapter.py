@@ -9,6 +9,7 @@ from typing import Any
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
 from primus.data.tiny_assets import tiny_assets_dir
+from primus.hf import torchtitan_start as hf_start
 from primus.runtime.adapter import BackendAdapter, ModuleConfig
 from primus.runtime.context import RunContext
 from primus.plan.flops import dense_decoder_flops_per_token
@@ -105,14 +106,30 @@ class TorchTitanAdapter(BackendAdapter):
     distribution = "torchtitan"
     import_probe = "torchtitan.trainer"
     extra = "torchtitan"
-    stages = ("pretrain",)
+    stages = ("pretrain", "sft")
     stage_aliases = {"train": "pretrain"}
+
+    def _params(self, module: ModuleConfig, derived: list | None = None) -> dict[str, Any]:
+        """[#15] A run from a HF checkpoint / on instructions names its files itself: primus.tiny_assets only
+        builds them (never overrides hf_assets_path), and the model comes from the checkpoint's config.json."""
+        stage = self.canonical_stage(module.stage)
+        if not hf_start.is_post_training(module.params, stage):
+            return _with_tiny_assets(module.params, derived)
+        if tiny_assets_dir(module.params) is not None:
+            self.prepare(module, lambda message: None)
+        return hf_start.with_hf_start(module.params, stage, derived, prefix=f"modules.{module.name}")
 
     def defaults(self, stage: str) -> dict[str, Any]:
         return {"attn_backend": "auto", "metrics": {"log_freq": 1}, "checkpoint": {"folder": "checkpoints"}}
 
     def prepare(self, module: ModuleConfig, log: Callable[[str], None]) -> None:
         root = tiny_assets_dir(module.params)
+        if root is not None and hf_start.is_post_training(module.params, self.canonical_stage(module.stage)):
+            from primus.hf.tiny import ensure_tiny_sft_assets  # [#15] tiny HF model + instruction set
+
+            log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+            ensure_tiny_sft_assets(root)
+            return
         if root is not None and not (root / "corpus" / "data.jsonl").exists():
             from primus.data.tiny_assets import ensure_tiny_assets
 
@@ -130,10 +147,13 @@ class TorchTitanAdapter(BackendAdapter):
         from primus.backends.torchtitan.config import build_trainer_config
 
         prefix = f"modules.{module.name}"
-        params = _with_tiny_assets(module.params)
+        params = self._params(module)
+        stage = self.canonical_stage(module.stage)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         cfg, _, _ = build_trainer_config(params, run_dir=Path("."), device=device, provenance=provenance,
-                                         prefix=prefix)
+                                         prefix=prefix, stage=stage)
+        if stage == "sft":
+            return  # the SFT dataloader names no registered dataset
         from torchtitan.hf_datasets.text_datasets import DATASETS
 
         from primus.config.errors import did_you_mean
@@ -162,9 +182,20 @@ class TorchTitanAdapter(BackendAdapter):
 
     def check_inputs(self, module: ModuleConfig, provenance: Provenance) -> None:
         params = module.params
-        if tiny_assets_dir(params) is not None:
-            return  # built by prepare() before the ranks start
         prefix = f"modules.{module.name}"
+        stage = self.canonical_stage(module.stage)
+        if hf_start.is_post_training(params, stage):  # [#15] HF tensors vs the model, instruction files
+            params = self._params(module)
+            from primus.plan.model import ModelSpec
+
+            hf_start.check_hf_inputs(params, ModelSpec(**params["model"]), prefix=prefix, provenance=provenance)
+            loader = params.get("dataloader") or {}
+            for key in ("dataset_path", "valid_dataset_path"):
+                if stage == "sft" and loader.get(key) and not Path(loader[key]).expanduser().exists():
+                    full = f"{prefix}.dataloader.{key}"
+                    raise ConfigError(f"{provenance.describe(full)}: {full}: {loader[key]} does not exist")
+        elif tiny_assets_dir(params) is not None:
+            return  # built by prepare() before the ranks start
         dataloader = params.get("dataloader") or {}
         checks = [("hf_assets_path", Path(params.get("hf_assets_path", "./tests/assets/tokenizer")) / "tokenizer.json")]
         if dataloader.get("dataset_path"):
@@ -185,9 +216,10 @@ class TorchTitanAdapter(BackendAdapter):
         from primus.backends.torchtitan.config import build_trainer_config
 
         derived: list[tuple[str, Any, str]] = []
-        params = _with_tiny_assets(module.params, derived)
+        params = self._params(module, derived)
         cfg, spec, more = build_trainer_config(params, run_dir=ctx.run_dir, device=ctx.device,
-                                               prefix=f"modules.{module.name}")
+                                               prefix=f"modules.{module.name}", stage=self.canonical_stage(module.stage))
+        hf_start.log_start(params, ctx.logger)
         for key, value, reason in [*derived, *more]:
             ctx.log_derived(key, value, reason)
         if ctx.resume and not cfg.checkpoint.enable:
@@ -200,6 +232,7 @@ class TorchTitanAdapter(BackendAdapter):
         flops_per_token = dense_decoder_flops_per_token(n_layers=spec.n_layers, dim=spec.dim, seq_len=seq_len,
                                                         matmul_params=spec.matmul_params())
         _StepReporter(trainer, ctx, flops_per_token, global_batch * seq_len, seq_len)
+        hf_start.tap_validation(trainer, ctx)  # [#15] [EVAL] lines
         try:
             trainer.train()
         finally:
