@@ -17,6 +17,7 @@ COMMANDS = [
     "primus.cli.data",
     "primus.preflight.cli",
     "primus.cli.plan",
+    "primus.cli.export",
 ]
 
 

@@ -1,0 +1,183 @@
+"""A finished (or interrupted) run's checkpoint -> a Hugging Face model folder.
+
+The run directory says everything needed: ``config.resolved.yaml`` names the backend, the model
+and where it started from, and the checkpoint is read whole, whatever TP/PP/DP layout wrote it
+(a Megatron ``torch_dist`` or TorchTitan DCP checkpoint stores each tensor's global shape; DCP
+reassembles the shards). The result is ``config.json`` + ``*.safetensors`` + the tokenizer files,
+which ``transformers.AutoModelForCausalLM.from_pretrained`` loads. When the run started from a
+HF checkpoint its ``config.json`` is kept (only the dtype follows the weights), so a model goes
+out exactly as it came in; otherwise it is written from the run's ``ModelSpec``.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from primus.config.errors import ConfigError
+from primus.plan.model import ModelSpec
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class Exported:
+    out_dir: Path
+    checkpoint: Path
+    step: int
+    tensors: int
+
+
+def _module(tree: dict[str, Any], name: str | None) -> tuple[str, dict[str, Any]]:
+    modules = tree.get("modules") or {}
+    if name is None:
+        name = "pre_trainer" if "pre_trainer" in modules else next(iter(modules), None)
+    if name not in modules:
+        raise ConfigError(f"--module {name}: no such module in the run (modules: {', '.join(modules)})")
+    return name, modules[name]
+
+
+def read_dcp_tensors(path: Path, select: Callable[[str], bool]) -> dict[str, Any]:
+    """Every selected tensor of a DCP checkpoint (Megatron torch_dist is DCP too), at its global shape."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = FileSystemReader(str(path))
+    metadata = reader.read_metadata()
+    state = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
+             for key, meta in metadata.state_dict_metadata.items()
+             if isinstance(meta, TensorStorageMetadata) and select(key)}
+    if not state:
+        raise ConfigError(f"{path}: no model tensors in this checkpoint")
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process": yes
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return state
+
+
+def _pick_step(steps: dict[int, Path], step: int | None, root: Path) -> tuple[int, Path]:
+    if not steps:
+        raise ConfigError(f"{root}: no checkpoint in this run (was checkpointing on?)")
+    if step is None:
+        step = max(steps)
+    if step not in steps:
+        raise ConfigError(f"--step {step}: no checkpoint of that step under {root} (steps: "
+                          f"{', '.join(map(str, sorted(steps)))})")
+    return step, steps[step]
+
+
+# -- Megatron ------------------------------------------------------------------------------------
+def _megatron(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
+    from primus.backends.megatron.checkpoint import iteration_dir
+    from primus.hf.megatron import megatron_to_hf
+
+    params = section["params"]
+    root = Path(params["save"]).expanduser() if params.get("save") else run_dir / "checkpoints"
+    steps = {int(m.group(1)): p for p in root.glob("iter_*") if (m := re.fullmatch(r"iter_(\d+)", p.name))
+             and (p / "metadata.json").exists()}
+    step, path = _pick_step(steps, step, root)
+    assert path == iteration_dir(root, step)
+    source, spec, tokenizer = _megatron_model(params)
+    tensors = read_dcp_tensors(path, lambda key: not key.startswith(("optimizer", "rng_state")))
+    return megatron_to_hf(tensors, spec), spec, source, tokenizer, path, step
+
+
+def _megatron_model(params: dict[str, Any]) -> tuple[Path | None, ModelSpec, str | None]:
+    """(HF folder it started from, the model, the tokenizer folder)."""
+    if params.get("hf_path"):
+        from primus.hf.config import model_spec_from_hf, read_config
+
+        source = Path(params["hf_path"]).expanduser().absolute()
+        return source, model_spec_from_hf(read_config(source)), params.get("tokenizer_model") or str(source)
+    from primus.backends.megatron.plan import plan_inputs
+
+    spec, _ = plan_inputs(params, world_size=1)
+    tokenizer = params.get("tokenizer_model")
+    if tokenizer is None and (params.get("primus") or {}).get("tiny_assets"):
+        tokenizer = str(Path(params["primus"]["tiny_assets"]).expanduser() / "tokenizer")
+    return None, spec, tokenizer
+
+
+# -- TorchTitan ----------------------------------------------------------------------------------
+_TORCHTITAN_STATE = ("optimizer", "lr_scheduler", "dataloader", "train_state")
+
+
+def _torchtitan(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
+    from primus.backends.torchtitan.patches import apply_patches
+
+    apply_patches()  # torchtitan 0.3.0 does not import on CPU without them (e.g. its hard `import triton`)
+    from primus.backends.torchtitan.model import build_model_spec
+    from primus.hf.torchtitan_start import hf_source, with_hf_start
+
+    stage = section.get("stage", "pretrain")
+    params = with_hf_start(section["params"], stage, prefix=f"modules.{name}")
+    root = run_dir / "checkpoints"
+    steps = {int(m.group(1)): p for p in root.glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name))
+             and (p / ".metadata").exists()}
+    step, path = _pick_step(steps, step, root)
+    spec = ModelSpec(**params["model"])
+    titan = build_model_spec(spec, "sdpa")
+    adapter = titan.state_dict_adapter(titan.model, None)
+    tensors = read_dcp_tensors(path, lambda key: not key.startswith(_TORCHTITAN_STATE))
+    tiny = (params.get("primus") or {}).get("tiny_assets")
+    tokenizer = params.get("hf_assets_path") or (str(Path(tiny).expanduser() / "tokenizer") if tiny else None)
+    return adapter.to_hf(tensors), spec, hf_source(params), tokenizer, path, step
+
+
+EXPORTERS = {"megatron": _megatron, "torchtitan": _torchtitan}
+
+
+def _config(source: Path | None, spec: ModelSpec, dtype: str, tokenizer: str | None) -> dict[str, Any]:
+    from primus.hf.config import hf_config_from_spec, read_config
+
+    if source is not None:
+        config = dict(read_config(source))
+        config["dtype"] = dtype
+        if "torch_dtype" in config:
+            config["torch_dtype"] = dtype
+        return config
+    tokens = {}
+    if tokenizer and Path(tokenizer).is_dir():
+        from primus.data.sft import load_tokenizer
+
+        loaded = load_tokenizer(tokenizer)
+        tokens = {"bos_token_id": loaded.bos_token_id, "eos_token_id": loaded.eos_token_id,
+                  "pad_token_id": loaded.pad_token_id}
+    return hf_config_from_spec(spec, dtype=dtype, tokens=tokens)
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None, module: str | None = None,
+               dtype: str | None = None) -> Exported:
+    """Write the run's checkpoint (latest, or ``step``) as a HF model folder ``out_dir`` (new or empty)."""
+    import torch
+
+    from primus.hf.checkpoint import expected_shapes, save_hf_checkpoint
+    from primus.runtime.rundir import RESOLVED_CONFIG, read_resolved_config
+
+    run_dir, out = Path(run_dir).expanduser().absolute(), Path(out_dir).expanduser().absolute()
+    if not (run_dir / RESOLVED_CONFIG).is_file():
+        raise ConfigError(f"{run_dir}: not a Primus run directory (no {RESOLVED_CONFIG})")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out}: exists and is not empty; export never overwrites (choose a new folder)")
+    name, section = _module(read_resolved_config(run_dir), module)
+    framework = section.get("framework")
+    if framework not in EXPORTERS:
+        raise ConfigError(f"{run_dir}: export from a {framework!r} run is not supported "
+                          f"(supported: {', '.join(EXPORTERS)})")
+    hf, spec, source, tokenizer, path, step = EXPORTERS[framework](run_dir, name, section, step)
+    expected = expected_shapes(spec)
+    missing = sorted(set(expected) - set(hf))
+    if missing:
+        raise ConfigError(f"{path}: the checkpoint has no {missing[0]} ({len(missing)} tensors missing)")
+    hf = {k: v for k, v in hf.items() if k in expected}
+    if dtype is not None:
+        hf = {k: v.to(getattr(torch, dtype)) for k, v in hf.items()}
+    stored = str(next(iter(hf.values())).dtype).removeprefix("torch.")
+    config = _config(source, spec, stored, tokenizer)
+    save_hf_checkpoint(out, hf, config, tokenizer_from=source or tokenizer)
+    return Exported(out, path, step, len(hf))
