@@ -40,13 +40,13 @@ def _show(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
-    from primus.launch.job import validate_module
+    from primus.launch.job import plan_module
 
     resolved = _resolve(args, overrides)
     for module in resolved.modules.values():
         if args.no_engine:
             print(f"OK {args.exp}: modules.{module.name} ({module.framework}, schema only)")
             continue
-        adapter = validate_module(resolved, module, check_paths=args.check_paths)
+        adapter, _ = plan_module(resolved, module, check_paths=args.check_paths)
         print(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
     return 0

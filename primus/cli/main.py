@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args, extras) or 0)
     except ConfigError as exc:
-        print(f"primus: error: {exc}", file=sys.stderr)
+        for line in exc.lines():
+            print(f"primus: error: {line}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("primus: interrupted", file=sys.stderr)

@@ -68,7 +68,7 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.config.errors import ConfigError
     from primus.config.resolve import resolve_experiment
     from primus.launch import executors
-    from primus.launch.job import run_training_job, select_module, validate_module
+    from primus.launch.job import plan_module, run_training_job, select_module
     from primus.launch.multinode import plan_from_config
     from primus.runtime.registry import backend_defaults
     from primus.runtime.rundir import decide_resume, run_dir_of
@@ -93,7 +93,8 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
         return executors.run_container(request, config, workspace=run_dir.parents[2], dry_run=args.dry_run,
                                        name=f"primus-{resolved.spec.exp_name}-{config.node_rank or 0}")
     if not config.wraps_container:  # fail before queueing: the engine must accept every key
-        validate_module(resolved, module)
+        nproc = config.nproc_per_node or config.slurm.gpus_per_node or 1
+        plan_module(resolved, module, nproc * (config.nnodes or 1))
     if not args.dry_run:
         decide_resume(run_dir, args.resume)  # refuse a completed run now, not after the queue wait
     if executor == "srun":

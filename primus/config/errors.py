@@ -1,22 +1,63 @@
-"""User-facing configuration errors: one line, exit status 2, never a traceback."""
+"""User-facing configuration errors: one line per mistake, exit status 2, never a traceback.
+
+Every check that finds a user mistake raises ``ConfigError``; one that can find several at once
+(a schema, a section of engine keys) raises ``ConfigError.of_all`` so the user sees every mistake
+of the file in one go (at most ``MAX_REPORTED``), as ``tune validate`` does.
+"""
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
 
 USER_ERROR_EXIT = 2
+MAX_REPORTED = 20
 
 
 class ConfigError(Exception):
-    """A mistake in the user's input (file, key, value, path). Printed as one line."""
+    """A mistake in the user's input (file, key, value, path): printed one line per mistake."""
 
     exit_code = USER_ERROR_EXIT
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, *, key: str | None = None):
         super().__init__(" ".join(str(message).split()))
+        self.key = key  # the dotted key at fault, when there is one
+        self.errors: list[ConfigError] = [self]
+
+    @classmethod
+    def at(cls, where: str | None, key: str, message: str, hint: str = "") -> "ConfigError":
+        """``where: key: message hint`` — ``where`` is a file:line or command-line token."""
+        prefix = f"{where}: " if where and where != key else ""
+        return cls(f"{prefix}{key}: {message}{hint}", key=key)
+
+    @classmethod
+    def of_all(cls, errors: Iterable["ConfigError"]) -> "ConfigError":
+        """One error carrying several mistakes (the first ``MAX_REPORTED``); a single one as itself."""
+        errors = [e for error in errors for e in error.errors]
+        if len(errors) == 1:
+            return errors[0]
+        combined = cls(errors[0].args[0], key=errors[0].key)
+        combined.errors = errors[:MAX_REPORTED]
+        combined.omitted = max(0, len(errors) - MAX_REPORTED)
+        return combined
+
+    def lines(self) -> list[str]:
+        lines = [str(error) for error in self.errors]
+        if getattr(self, "omitted", 0):
+            lines.append(f"... and {self.omitted} more")
+        return lines
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
-    matches = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)
-    return f" (did you mean '{matches[0]}'?)" if matches else ""
+    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string.
+
+    Whole underscore-separated words count first (``expert_model_parallel_sise`` is closest to
+    ``expert_model_parallel_size``, not ``pipeline_model_parallel_size``), then characters."""
+    candidates = [str(c) for c in candidates]
+    word = str(word)
+    matches = difflib.get_close_matches(word, candidates, n=5, cutoff=0.6)
+    if not matches:
+        return ""
+    words = set(word.lower().split("_"))
+    best = max(matches, key=lambda c: (len(words & set(c.lower().split("_"))),
+                                       difflib.SequenceMatcher(None, word, c).ratio()))
+    return f" (did you mean '{best}'?)"

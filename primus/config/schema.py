@@ -70,19 +70,26 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 def pydantic_error_to_config_error(
     exc: ValidationError, model: type[BaseModel], provenance: Provenance, prefix: str = ""
 ) -> ConfigError:
-    # an unknown key usually explains a "missing" one (a typo), so report it first
-    error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    """Every mistake pydantic found, one line each; an unknown key first (it usually explains a
+    "missing" one: a typo)."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    return ConfigError.of_all(_one_error(error, model, provenance, prefix) for error in errors)
+
+
+def _one_error(error: dict[str, Any], model: type[BaseModel], provenance: Provenance, prefix: str) -> ConfigError:
+    from primus.config.secrets import is_secret_key
+
     loc = tuple(error["loc"])
     dotted = ".".join(str(p) for p in loc)
     full = f"{prefix}.{dotted}" if prefix else dotted
     where = provenance.describe(full)
     if error["type"] == "extra_forbidden":
         hint = did_you_mean(str(loc[-1]), _fields_at(model, loc[:-1]))
-        return ConfigError(f"{where}: unknown key '{full}'{hint}")
+        return ConfigError(f"{where}: unknown key '{full}'{hint}", key=full)
     if error["type"] == "missing":
-        return ConfigError(f"{where}: missing required key '{full}'")
-    value = error.get("input")
-    return ConfigError(f"{where}: {full}={value!r}: {error['msg']}")
+        return ConfigError(f"{where}: missing required key '{full}'", key=full)
+    value = "<redacted>" if any(is_secret_key(str(part)) for part in loc) else repr(error.get("input"))
+    return ConfigError(f"{where}: {full}={value}: {error['msg']}", key=full)
 
 
 def validate_model(model: type[BaseModel], data: dict[str, Any], provenance: Provenance, prefix: str = ""):

@@ -145,10 +145,21 @@ def post_training(params: dict[str, Any], stage: str, *, prefix: str = "modules.
     return MegatronPostTraining(Path(keys.hf_path).expanduser().absolute() if keys.hf_path else None, sft, tokenizer)
 
 
-def check_post_training_inputs(params: dict[str, Any], stage: str, *, prefix: str, provenance=None) -> None:
-    """Before launch: the HF checkpoint's every tensor name and shape against the model the run builds,
-    and the instruction files exist. One line naming the tensor and both shapes on a mismatch."""
-    post = post_training(params, stage, prefix=prefix, provenance=provenance)
+def hf_checkpoint_spec(params: dict[str, Any], save: Path):
+    """The plan's ``CheckpointSpec`` when the run starts from ``hf_path`` (None otherwise)."""
+    if not params.get("hf_path"):
+        return None
+    from primus.runtime.adapter import CheckpointSpec
+
+    return CheckpointSpec(save, load=str(Path(params["hf_path"]).expanduser().absolute()), format="hf")
+
+
+def check_post_training_inputs(plan, *, provenance=None) -> None:
+    """Before launch: the HF checkpoint's every tensor name and shape against the model the plan
+    builds, and the instruction files exist. One line naming the tensor and both shapes on a mismatch."""
+    module = plan.module
+    prefix = f"modules.{module.name}"
+    post = post_training(module.params, module.stage, prefix=prefix, provenance=provenance)
     if post is None:
         return
     if post.sft is not None:
@@ -162,14 +173,22 @@ def check_post_training_inputs(params: dict[str, Any], stage: str, *, prefix: st
             except ConfigError:
                 where = f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
                 raise ConfigError(f"{where}{prefix}.{key}: {path} does not exist (a .jsonl file or a folder of them)") from None
-    if post.hf_path is not None:
-        from primus.backends.megatron.plan import plan_inputs
-        from primus.hf.checkpoint import HFCheckpoint, check_against_spec
+    if post.hf_path is None:
+        return
+    from primus.hf.checkpoint import HFCheckpoint, check_against_spec
 
-        where = f"{prefix}.hf_path"
-        if provenance is not None:
-            where = f"{provenance.describe(where)}: {where}"
-        if not post.hf_path.is_dir():
-            raise ConfigError(f"{where}: {post.hf_path} does not exist")
-        spec, _ = plan_inputs(params, world_size=1)
-        check_against_spec(HFCheckpoint(post.hf_path), spec, where)
+    where = f"{prefix}.hf_path"
+    if provenance is not None:
+        where = f"{provenance.describe(where)}: {where}"
+    if not post.hf_path.is_dir():
+        raise ConfigError(f"{where}: {post.hf_path} does not exist")
+    checkpoint = HFCheckpoint(post.hf_path)
+    spec = plan.model
+    if spec is None:
+        raise ConfigError(f"{where}: the model's vocabulary is unknown (set vocab_size)")
+    args = plan.engine_config
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    hf_vocab = checkpoint.config.get("vocab_size")
+    if hf_vocab and spec.vocab_size != hf_vocab and spec.vocab_size == -(-hf_vocab // multiple) * multiple:
+        spec = spec.model_copy(update={"vocab_size": hf_vocab})  # Megatron pads the vocabulary; HF does not
+    check_against_spec(checkpoint, spec, where)

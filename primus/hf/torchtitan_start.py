@@ -90,24 +90,36 @@ def finish_sft_config(cfg, attn_backend: str, fail) -> list[tuple[str, Any, str]
     return derived
 
 
-def check_hf_inputs(params: dict[str, Any], spec, *, prefix: str, provenance=None) -> None:
-    """Before launch: the HF checkpoint's every tensor against the model TorchTitan will build."""
-    source = hf_source(params)
-    if source is None:
+def check_inputs(plan, *, provenance=None) -> None:
+    """Before launch: the HF checkpoint's every tensor against the model TorchTitan will build, and the
+    instruction files exist (one line naming the tensor and both shapes on a mismatch)."""
+    module, cfg = plan.module, plan.engine_config
+    prefix = f"modules.{module.name}"
+
+    def where(key: str) -> str:
+        full = f"{prefix}.{key}"
+        return f"{provenance.describe(full)}: {full}" if provenance is not None else full
+
+    if module.stage == "sft":
+        for key in ("dataset_path", "valid_dataset_path"):
+            path = getattr(cfg.dataloader, key, None)
+            if path and not Path(path).expanduser().exists():
+                raise ConfigError(f"{where('dataloader.' + key)}: {path} does not exist")
+    if plan.checkpoint.format != "hf":
         return
     from primus.hf.checkpoint import HFCheckpoint, check_against_spec
 
-    key = f"{prefix}.checkpoint.initial_load_path"
-    where = f"{provenance.describe(key)}: {key}" if provenance is not None else key
+    source = Path(plan.checkpoint.load)
+    key = "checkpoint.initial_load_path" if cfg.checkpoint.initial_load_path else "hf_assets_path"
     if not source.is_dir():
-        raise ConfigError(f"{where}: {source} does not exist")
-    check_against_spec(HFCheckpoint(source), spec, where)
+        raise ConfigError(f"{where(key)}: {source} does not exist")
+    check_against_spec(HFCheckpoint(source), plan.model, where(key))
 
 
-def log_start(params: dict[str, Any], logger) -> None:
-    source = hf_source(params)
-    if source is not None:
-        logger.info("starting from Hugging Face checkpoint %s (TorchTitan's state-dict adapter loads it)", source)
+def log_start(checkpoint, logger) -> None:
+    if checkpoint.format == "hf":
+        logger.info("starting from Hugging Face checkpoint %s (TorchTitan's state-dict adapter loads it)",
+                    checkpoint.load)
 
 
 def tap_validation(trainer, ctx) -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from primus.config.errors import ConfigError
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
-from primus.config.schema import PrimusOptions, validate_model
 from primus.launch.local import LaunchPlan, launch_workers
 from primus.launch.multinode import PeerWatch, is_follower, run_follower_node
-from primus.runtime.adapter import BackendAdapter, ModuleConfig
+from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
+from primus.runtime.context import host_device
+from primus.runtime.train import hand_over_plan
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER
 from primus.runtime.rundir import (RunDirLock, decide_resume, finish_manifest, make_run_dir, run_dir_of,
@@ -28,26 +29,28 @@ def select_module(resolved: ResolvedExperiment, name: str | None) -> ResolvedMod
     return resolved.modules[name]
 
 
-def validate_module(resolved: ResolvedExperiment, module: ResolvedModule, *, check_paths: bool = False) -> BackendAdapter:
-    """Engine-level validation: the engine must be installed and accept every key."""
+def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
+                check_paths: bool = False, require_engine: bool = True,
+                run_dir: Path | None = None) -> tuple[BackendAdapter, EnginePlan]:
+    """The module's ``EnginePlan``, built once: every key accepted by the engine's own config, the
+    layout checked against ``world_size`` when given, and (``check_paths``) its input files present."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
-    adapter.require_installed()
+    if require_engine:
+        adapter.require_installed()
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
-    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,
-                   f"modules.{module.name}.primus")
-    config = ModuleConfig.of(module, stage)
-    adapter.validate(config, resolved.provenance)
+    plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
+                        device=host_device())
+    if require_engine:
+        adapter.import_engine()
     if check_paths:
-        adapter.check_inputs(config, resolved.provenance)
-    return adapter
+        adapter.check_inputs(plan, resolved.provenance)
+    return adapter, plan
 
 
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
                      resume: str, dry_run: bool, argv: list[str]) -> int:
-    adapter = validate_module(resolved, module, check_paths=True)
-    config = ModuleConfig.of(module)
-    adapter.check_world_size(config, plan.world_size, resolved.provenance)
     run_dir = run_dir_of(resolved.spec)
+    adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir)
     plan.with_port()
     payload_path = run_dir / "launch.json"
     if dry_run:
@@ -58,11 +61,11 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
         print(f"command:    {plan.describe(TRAIN_TARGET, payload_path)}")
         return 0
     if is_follower(plan):  # multi-node: node 0 owns the run dir (primus/launch/multinode.py)
-        return run_follower_node(resolved, module, adapter, plan, run_dir, resume)
+        return run_follower_node(resolved, module, adapter, engine_plan, plan, run_dir, resume)
     make_run_dir(run_dir)
     with RunDirLock(run_dir):
         resuming = decide_resume(run_dir, resume)
-        adapter.prepare(config, lambda message: print(f"[primus] {message}", flush=True))
+        adapter.prepare(engine_plan, lambda message: print(f"[primus] {message}", flush=True))
         config_hash = write_resolved_config(run_dir, resolved.redacted_tree())
         payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming,
                                             "attempt": plan.rdzv_id}))
@@ -73,6 +76,8 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
         exit_code, failures = 1, ["launcher interrupted"]
         try:
             with PeerWatch(run_dir, plan) as peers:  # multi-node: name a lost peer on failure
+                if plan.in_process:  # the worker runs in this process: it takes this plan, not a rebuilt one
+                    hand_over_plan(run_dir, module.name, engine_plan)
                 result = launch_workers(TRAIN_TARGET, payload_path, plan)
                 lost = peers.lost_peers() if result.exit_code != 0 else []
             exit_code, failures = result.exit_code, lost + result.failures

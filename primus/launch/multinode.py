@@ -114,10 +114,9 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def run_follower_node(resolved, module, adapter, plan: LaunchPlan, run_dir: Path, resume: str) -> int:
+def run_follower_node(resolved, module, adapter, engine_plan, plan: LaunchPlan, run_dir: Path, resume: str) -> int:
     """Start this node's workers without claiming the run dir (node 0 owns it)."""
     from primus.launch.local import launch_workers
-    from primus.runtime.adapter import ModuleConfig
     from primus.runtime.rundir import make_run_dir, write_resolved_config
 
     payload_path = run_dir / PAYLOAD
@@ -130,8 +129,7 @@ def run_follower_node(resolved, module, adapter, plan: LaunchPlan, run_dir: Path
     else:
         make_run_dir(run_dir)
         resuming = resume != "never" and (run_dir / "checkpoints").is_dir()  # node-local checkpoint shards
-        config = ModuleConfig.of(module)
-        adapter.prepare(config, lambda message: print(f"[primus] {message}", flush=True))
+        adapter.prepare(engine_plan, lambda message: print(f"[primus] {message}", flush=True))
         write_resolved_config(run_dir, resolved.redacted_tree())
         payload_path.write_text(json.dumps({"run_dir": str(run_dir), "module": module.name, "resume": resuming,
                                             "attempt": plan.rdzv_id}))

@@ -1,21 +1,26 @@
-"""Parameters, FLOPs and per-rank memory of a Llama model under a ``ParallelLayout``.
+"""Parameters, FLOPs and per-rank memory of a decoder (dense or MoE, GQA or MLA) under a ``ParallelLayout``.
 
 Pure functions: no process group, no accelerator. ``primus plan`` prints them; the
 preflight ``experiment`` check compares them with the memory each rank really has.
 
-Parameters per rank (the heaviest pipeline stage)
-    Every matrix is split by TP (attention, MLP, embedding, output head); norms are
-    replicated. A stage holds ``n_layers / pp`` layers; the first stage also holds the
-    embedding, the last the output head and the final norm (a tied head is a second copy
-    when pp > 1, as in Megatron). With tp = pp = 1 this is exactly
+Parameters per rank (the heaviest pipeline stage), as megatron-core places them
+    Attention, dense MLPs, shared experts, embedding and output head are split by TP; norms,
+    routers and MLA's down-projections are whole on every TP rank. Routed experts are split
+    over EP ranks (``n_experts / ep`` each) and each expert's matrices over ETP. A stage holds
+    ``n_layers / pp`` consecutive layers (MoE where ``moe_layer_freq`` says); the first stage
+    also holds the embedding, the last the final norm, the output head (a tied head is a second
+    copy when pp > 1, as in Megatron) and the MTP layers. With tp = pp = ep = 1 this is exactly
     ``ModelSpec.total_params()``.
 
-Memory per rank, bytes (``N`` = parameters per rank, ``D`` = dp x cp, B(x) = bytes of dtype x)
-    weights    = N * B(param_dtype)                         / D  if sharding == fsdp
-    grads      = N * B(grad_dtype)                          / D  if sharding == fsdp
-    optimizer  = N * (4 [fp32 master, when param_dtype is not fp32 and master_weights]
-                      + 2 * B(optimizer_dtype) [Adam m and v]) / D  if sharding in (optimizer, fsdp)
-    e.g. mixed-precision Adam: 2 + 4 + (4 + 2*4) = 18 bytes per parameter, unsharded.
+Memory per rank, bytes (``N`` = parameters per rank, of which ``E`` routed-expert weights;
+``D`` = dp x cp, ``D_e`` = the expert-data-parallel size tp x dp x cp / (ep x etp); B(x) = bytes of dtype x)
+    shard(b)   = (N - E) * b / D + E * b / D_e
+    weights    = N * B(param_dtype), or shard(B(param_dtype)) if sharding == fsdp
+    grads      = N * B(grad_dtype),  or shard(B(grad_dtype))  if sharding == fsdp
+    optimizer  = per-parameter bytes 4 [fp32 master, when param_dtype is not fp32 and master_weights]
+                 + 2 * B(optimizer_dtype) [Adam m and v], times N, or shard(...) if sharding in (optimizer, fsdp)
+    e.g. mixed-precision Adam: 2 + 4 + (4 + 2*4) = 18 bytes per parameter, unsharded (Megatron-LM's
+    theoretical_memory_usage.py: 18, or 6 + 12 / dp with the distributed optimizer).
 
     activations, per layer per micro-batch (Korthikanti et al. 2022, "Reducing Activation
     Recomputation in Large Transformer Models"; s = seq_len / cp, b = micro_batch_size,
@@ -24,7 +29,8 @@ Memory per rank, bytes (``N`` = parameters per rank, ``D`` = dp x cp, B(x) = byt
         full recompute:  2 * s * b * h / t          (only each layer's input is kept)
     With ``flash_attention`` (the default; TorchTitan and Megatron both use fused attention)
     the ``5*a*s/h`` term, the stored softmax scores, is dropped: they are recomputed.
-    The 34 was derived for GPT (4h MLP, MHA, dropout); for Llama it is an approximation.
+    The 34 was derived for GPT (4h MLP, MHA, dropout); for Llama it is an approximation, and for
+    MoE layers a rough one (the top-k copies of each routed token are not modelled).
     Times layers per stage, times micro-batches in flight on the first stage under 1F1B
     (``min(pp, num_microbatches)``), plus the fp32 logits ``4 * s * b * vocab / t``.
     Summing first-stage activations and last-stage logits is an upper bound when pp > 1.
@@ -42,7 +48,7 @@ from primus.config.errors import ConfigError, did_you_mean
 from primus.plan.model import ModelSpec
 from primus.plan.layout import DTYPE_BYTES, ParallelLayout
 from primus.plan.devices import DEVICE_MEMORY_GIB, PEAK_TFLOPS, device_key
-from primus.plan.flops import dense_decoder_flops_per_token
+from primus.plan.flops import flops_per_token
 
 GIB = 1024**3
 
@@ -61,29 +67,53 @@ def _split(count: int, parts: int) -> int:
 
 @dataclass
 class ParamEstimate:
-    total: int
-    matmul: int
-    per_rank: int  # heaviest pipeline stage, after the TP split, before any DP sharding
+    total: int  # every parameter, MTP layers included
+    matmul: int  # weights a token multiplies by (MoE: top_k routed experts); see ModelSpec.matmul_params
+    per_rank: int  # heaviest pipeline stage, after the TP/EP split, before any DP sharding
     per_stage: list[int]
+    active: int = 0  # parameters one token touches (== total for a dense model)
+    mtp: int = 0  # of total, in the multi-token-prediction layers
+    per_rank_experts: int = 0  # of per_rank, routed-expert weights (sharded over the expert-data-parallel group)
+    active_without_mtp: int = 0  # as published for DeepSeek-V3 (37B): the MTP layers left out
+
+
+def _layer_on_rank(model: ModelSpec, layout: ParallelLayout, moe: bool) -> tuple[int, int]:
+    """(non-expert, routed-expert) parameters of one layer on one rank."""
+    t = layout.tp
+    base = (_split(model.attention_split_params(), t) + model.attention_replicated_params()
+            + _split(model.qkv_bias_params(), t) + model.qk_norm_params() + 2 * model.norm_params(model.dim))
+    if not moe:
+        return base + _split(model.mlp_params(model.ffn_dim), t), 0
+    base += model.n_experts * model.dim + _split(model.mlp_params(model.shared_expert_ffn_hidden_size), t)
+    experts = (model.n_experts // layout.ep) * _split(model.mlp_params(model.expert_ffn_dim), layout.expert_tp)
+    return base, experts
 
 
 def estimate_params(model: ModelSpec, layout: ParallelLayout) -> ParamEstimate:
+    """Parameters per pipeline stage on one rank: layers in order (MoE where the pattern says), the
+    embedding on the first stage, final norm + output head + MTP layers on the last (as Megatron)."""
     t, p = layout.tp, layout.pp
-    attention = model.dim * model.head_dim * (model.n_heads + 2 * model.kv_heads) + model.n_heads * model.head_dim * model.dim
-    mlp = 3 * model.dim * model.ffn_dim
-    per_layer = _split(attention, t) + _split(mlp, t) + 2 * model.dim
+    pattern = model.moe_layer_pattern()
     embedding = _split(model.vocab_size * model.dim, t)
-    head = _split(model.dim * model.vocab_size, t)
-    layers_per_stage = _split(model.n_layers, p)
-    stages = []
+    per_stage = _split(model.n_layers, p)
+    stages, experts = [], []
     for stage in range(p):
-        params = layers_per_stage * per_layer
+        layers = [_layer_on_rank(model, layout, bool(m)) for m in pattern[stage * per_stage:(stage + 1) * per_stage]]
+        params, expert = sum(a for a, _ in layers), sum(b for _, b in layers)
         if stage == 0:
             params += embedding
         if stage == p - 1:
-            params += model.dim + (0 if model.tie_embeddings and p == 1 else head)
-        stages.append(params)
-    return ParamEstimate(model.total_params(), model.matmul_params(), max(stages), stages)
+            params += model.norm_params(model.dim) + (0 if model.tie_embeddings and p == 1 else embedding)
+            mtp_base, mtp_experts = _layer_on_rank(model, layout, model.mtp_layer_is_moe)
+            params += model.mtp_layers * (mtp_base + _split(2 * model.dim * model.dim, t)
+                                          + 3 * model.norm_params(model.dim))
+            expert += model.mtp_layers * mtp_experts
+        stages.append(params + expert)
+        experts.append(expert)
+    heaviest = max(range(p), key=lambda i: stages[i])
+    counts = model.param_counts()
+    return ParamEstimate(counts.total, model.matmul_params(), stages[heaviest], stages, counts.active,
+                         counts.total - model.total_params(mtp=False), experts[heaviest], model.active_params(mtp=False))
 
 
 @dataclass
@@ -118,17 +148,21 @@ def activation_bytes_per_layer(model: ModelSpec, layout: ParallelLayout, flash_a
 
 
 def estimate_memory(model: ModelSpec, layout: ParallelLayout, *, flash_attention: bool = True) -> MemoryEstimate:
-    n = estimate_params(model, layout).per_rank
-    shards = layout.dp * layout.cp
+    params = estimate_params(model, layout)
+    dense, experts = params.per_rank - params.per_rank_experts, params.per_rank_experts
+    shards, expert_shards = layout.dp * layout.cp, layout.expert_dp
+
+    def sharded(bytes_per_param: int) -> int:
+        return _split(dense * bytes_per_param, shards) + _split(experts * bytes_per_param, expert_shards)
+
     fsdp = layout.sharding == "fsdp"
-    weights = n * DTYPE_BYTES[layout.param_dtype]
-    grads = n * DTYPE_BYTES[layout.grad_dtype]
     master = 4 if layout.master_weights and layout.param_dtype != "fp32" else 0
-    optimizer = n * (master + 2 * DTYPE_BYTES[layout.optimizer_dtype])
-    if fsdp:
-        weights, grads = _split(weights, shards), _split(grads, shards)
-    if layout.sharding in ("optimizer", "fsdp"):
-        optimizer = _split(optimizer, shards)
+    weight_bytes, grad_bytes = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.grad_dtype]
+    optimizer_bytes = master + 2 * DTYPE_BYTES[layout.optimizer_dtype]
+    n = params.per_rank
+    weights = sharded(weight_bytes) if fsdp else n * weight_bytes
+    grads = sharded(grad_bytes) if fsdp else n * grad_bytes
+    optimizer = sharded(optimizer_bytes) if layout.sharding in ("optimizer", "fsdp") else n * optimizer_bytes
     per_layer = activation_bytes_per_layer(model, layout, flash_attention)
     layers = _split(model.n_layers, layout.pp)
     in_flight = min(layout.pp, layout.num_microbatches)
@@ -147,9 +181,8 @@ class FlopsEstimate:
 
 
 def estimate_flops(model: ModelSpec, layout: ParallelLayout) -> FlopsEstimate:
-    """Training FLOPs with ``primus.plan.flops`` (the formula every backend reports MFU with)."""
-    per_token = dense_decoder_flops_per_token(n_layers=model.n_layers, dim=model.dim, seq_len=layout.seq_len,
-                                              matmul_params=model.matmul_params())
+    """Training FLOPs with ``primus.plan.flops`` (Megatron-LM's formula, the one every backend reports MFU with)."""
+    per_token = flops_per_token(model, layout.seq_len)
     tokens = layout.effective_global_batch_size * layout.seq_len
     return FlopsEstimate(per_token, tokens, per_token * tokens, per_token * tokens / layout.world_size)
 
@@ -200,8 +233,16 @@ def make_plan(model: ModelSpec, layout: ParallelLayout, device: str | None = Non
 def format_plan(plan: Plan) -> str:
     """The human table ``primus plan`` prints."""
     m = plan.memory
-    lines = [
-        f"parameters        {plan.params.total:,} total, {plan.params.per_rank:,} per rank (heaviest stage)",
+    p = plan.params
+    active = f", {p.active:,} active per token" if p.active != p.total else ""
+    lines = [f"parameters        {p.total:,} total{active}, {p.per_rank:,} per rank (heaviest stage)"]
+    if p.mtp:
+        lines.append(f"                  of the total, {p.mtp:,} in the multi-token-prediction layers "
+                     f"({p.total - p.mtp:,} total, {p.active_without_mtp:,} active without them)")
+    if p.per_rank_experts:
+        lines.append(f"                  of each rank's, {p.per_rank_experts:,} routed-expert weights "
+                     f"(ep={plan.layout['ep']}, etp={plan.layout['etp'] or plan.layout['tp']})")
+    lines += [
         f"FLOPs per token   {plan.flops.per_token:.4g} (training, causal)",
         f"FLOPs per step    {plan.flops.per_step:.4g} ({plan.flops.tokens_per_step:,} tokens), "
         f"{plan.flops.per_rank_per_step:.4g} per rank",

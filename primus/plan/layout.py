@@ -39,7 +39,7 @@ class ParallelLayout:
     dp: int = 1
     cp: int = 1
     ep: int = 1  # expert parallel: experts split over ep ranks (inside the dp x cp x tp ranks, as Megatron)
-    etp: int | None = None  # expert tensor parallel; None = tp
+    etp: int | None = None  # expert tensor parallel: each expert's matrices split etp ways; None = tp
     micro_batch_size: int = 1
     global_batch_size: int | None = None  # None: micro_batch_size * dp (one micro-batch per step)
     seq_len: int = 2048
@@ -51,8 +51,10 @@ class ParallelLayout:
     master_weights: bool = True  # an fp32 master copy when param_dtype is lower precision
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch_size", "seq_len"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch_size", "seq_len"):
             value = getattr(self, name)
+            if name == "etp" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"layout {name} must be a positive integer, got {value!r}")
         gbs = self.global_batch_size
@@ -81,6 +83,17 @@ class ParallelLayout:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts (megatron-core's expert-data-parallel group): the
+        tp x dp x cp ranks of a pipeline stage, divided into ep x etp. The distributed optimizer
+        shards the expert parameters over these, the others over dp x cp."""
+        return max(1, self.tp * self.dp * self.cp // (self.ep * self.expert_tp))
 
     @property
     def effective_global_batch_size(self) -> int:
@@ -117,6 +130,7 @@ def check_layout(model: ModelSpec, layout: ParallelLayout, world_size: int | Non
     gbs, mbs, dp = layout.effective_global_batch_size, layout.micro_batch_size, layout.dp
     if gbs % (mbs * dp):
         bad(f"global_batch_size ({gbs}) is not divisible by micro_batch_size x dp ({mbs} x {dp} = {mbs * dp})")
+    found += _expert_issues(model, layout)
     if layout.seq_len % layout.cp:
         bad(f"seq_len ({layout.seq_len}) is not divisible by cp ({layout.cp})")
     if layout.seq_len > model.max_seq_len:
@@ -124,4 +138,28 @@ def check_layout(model: ModelSpec, layout: ParallelLayout, world_size: int | Non
     if p > 1 and not gbs % (mbs * dp) and layout.num_microbatches < p:
         found.append(LayoutIssue("warn", f"only {layout.num_microbatches} micro-batches for {p} pipeline stages: "
                           "most of each step is pipeline bubble", {"num_microbatches": layout.num_microbatches}))
+    return found
+
+
+def _expert_issues(model: ModelSpec, layout: ParallelLayout) -> list[LayoutIssue]:
+    """Megatron-LM's expert-parallel rules (``validate_args``, ``parallel_state.initialize_model_parallel``)."""
+    ep, etp = layout.ep, layout.expert_tp
+    if not model.is_moe:
+        if ep > 1:
+            return [LayoutIssue("fail", f"ep ({ep}) > 1 on a dense model: expert parallelism needs experts (n_experts)")]
+        return []
+    found = []
+    if model.n_experts % ep:
+        found.append(LayoutIssue("fail", f"n_experts ({model.n_experts}) is not divisible by ep ({ep})"))
+    stage_ranks = layout.tp * layout.dp * layout.cp
+    if stage_ranks % (ep * etp):
+        found.append(LayoutIssue(
+            "fail", f"ep x etp ({ep} x {etp} = {ep * etp}) does not divide the tp x dp x cp ranks of a pipeline "
+                    f"stage ({layout.tp} x {layout.dp} x {layout.cp} = {stage_ranks})",
+            {"ep": ep, "etp": etp, "stage_ranks": stage_ranks}))
+    if model.expert_ffn_dim % etp:
+        found.append(LayoutIssue("fail", f"expert width ({model.expert_ffn_dim}) is not divisible by etp ({etp})"))
+    if model.shared_expert_ffn_hidden_size % layout.tp:
+        found.append(LayoutIssue("fail", f"shared-expert width ({model.shared_expert_ffn_hidden_size}) is not "
+                                         f"divisible by tp ({layout.tp})"))
     return found

@@ -37,20 +37,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
-    """(ModelSpec, ParallelLayout) of one module of an experiment, through its backend adapter."""
+    """(ModelSpec, ParallelLayout) of one module of an experiment, from its adapter's ``EnginePlan``."""
     from primus.config.resolve import resolve_experiment
-    from primus.launch.job import select_module
-    from primus.runtime.adapter import ModuleConfig
-    from primus.runtime.registry import backend_defaults, get_adapter
+    from primus.launch.job import plan_module, select_module
+    from primus.runtime.registry import backend_defaults
 
     resolved = resolve_experiment(path, overrides, backend_defaults)
     module = select_module(resolved, module_name)
-    adapter = get_adapter(module.framework)
-    describe = getattr(adapter, "plan_inputs", None)
-    if describe is None:
-        raise ConfigError(f"backend '{module.framework}' cannot describe its model and parallel layout for "
-                          "planning yet (BackendAdapter.plan_inputs)")
-    return describe(ModuleConfig.of(module), world_size)
+    _, plan = plan_module(resolved, module, world_size, require_engine=False)
+    if plan.model is None or plan.layout is None:
+        raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
+                          "to estimate (an LLM needs its vocab_size known before the tokenizer loads)")
+    return plan.model, plan.layout
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,22 +1,29 @@
 """The backend adapter contract: the one seam between Primus and a training engine.
 
-An adapter turns a resolved module section into the engine's own config objects, runs the
-engine's own trainer, and reports each step through ``RunContext.report_step``. Primus owns
-config, launch, logs and metrics; the engine owns the model, data, optimizer and checkpoints.
+An adapter turns a resolved module section into an ``EnginePlan`` — the engine's own config
+object plus the neutral facts every other part of Primus reads (model, parallel layout,
+checkpoint, derived settings) — and runs the engine's own trainer from that plan. The plan is
+built ONCE per process: by the launcher (``config validate``, ``plan``, ``preflight``,
+``train --dry-run`` and the launch all read the same one) and rebuilt identically by each worker
+from ``config.resolved.yaml``. Each step goes back to Primus through ``RunContext`` (report a
+step, should stop — which also means "save now").
 """
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from primus.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from primus.config.provenance import Provenance
+    from primus.plan.layout import ParallelLayout
+    from primus.plan.model import ModelSpec
     from primus.runtime.context import RunContext
 
 
@@ -39,12 +46,52 @@ class ModuleConfig:
         return cls(module.name, module.framework, stage or module.stage, module.params)
 
 
+@dataclass(frozen=True)
+class Derived:
+    """A setting Primus chose for the user, said once at run time with its reason."""
+
+    key: str
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where a run saves, what it starts from, and in which format that source is."""
+
+    directory: Path  # this run's checkpoints (``<run dir>/checkpoints`` unless the engine config says so)
+    load: str | None = None  # a checkpoint to start from (not the run's own: that is ``resume``)
+    format: Literal["native", "hf"] = "native"
+
+
+@dataclass
+class EnginePlan:
+    """Everything a launch needs to know about one module, built once by its adapter."""
+
+    module: ModuleConfig
+    world_size: int | None  # None: not known yet (``config validate`` outside a launch)
+    engine_config: Any  # TorchTitan Trainer.Config, Megatron arguments, the AutoModel hand-off dict
+    checkpoint: CheckpointSpec
+    model: "ModelSpec | None" = None  # the neutral network (LLMs); None where planning has no model
+    layout: "ParallelLayout | None" = None
+    derived: list[Derived] = field(default_factory=list)
+    flops_per_token: float | None = None  # training FLOPs per token, primus.plan.flops convention
+
+    def derive(self, key: str, value: Any, reason: str) -> Any:
+        self.derived.append(Derived(key, value, reason))
+        return value
+
+    def log_derived(self, ctx: "RunContext") -> None:
+        for item in self.derived:
+            ctx.log_derived(item.key, item.value, item.reason)
+
+
 class BackendAdapter(ABC):
     """What every engine backend implements. Keep engine imports inside methods."""
 
     name: ClassVar[str]
     distribution: ClassVar[str]  # the pip distribution whose version we report
-    extra: ClassVar[str]  # `pip install primus[<extra>]` / `primus prepare <extra>`
+    extra: ClassVar[str]  # `pip install primus[<extra>]` / `primus prepare <extra>` (requirements/<extra>.txt)
     # a module whose import proves the installed engine works with this torch (None: skip the probe)
     import_probe: ClassVar[str | None] = None
     stages: ClassVar[tuple[str, ...]] = ("pretrain",)
@@ -94,25 +141,24 @@ class BackendAdapter(ABC):
         """The lowest-precedence layer of the module section (plain YAML-able data)."""
         return {}
 
-    def prepare(self, module: ModuleConfig, log: Callable[[str], None]) -> None:
-        """One-time work in the launching process before any rank starts (e.g. building the
-        local demo assets a tiny example points at). Must be idempotent."""
-
     @abstractmethod
-    def validate(self, module: ModuleConfig, provenance: "Provenance") -> None:
-        """Check ``module.params`` against the engine's own config objects.
+    def plan(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+             run_dir: Path | None = None, device: str = "cpu") -> EnginePlan:
+        """Validate ``module`` against the engine's own config objects and build its plan.
 
-        Raise ``ConfigError`` naming the dotted key (``provenance.describe(key)`` gives the
-        file:line that set it) with a did-you-mean where possible. May import the engine.
+        Every user mistake is a ``ConfigError`` naming the dotted key and where it was set
+        (``provenance.describe(key)``). With ``world_size`` the layout is checked against it.
+        ``run_dir`` and ``device`` are the worker's (the launcher plans for its own host).
         """
 
-    def check_world_size(self, module: ModuleConfig, world_size: int, provenance: "Provenance") -> None:
-        """Check the parallel layout against the job's world size before any process starts."""
-
-    def check_inputs(self, module: ModuleConfig, provenance: "Provenance") -> None:
+    def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
         """Check that the files the run reads (data, tokenizer, checkpoints to load) exist.
         Called before launching; ``primus config validate --check-paths`` calls it too."""
 
+    def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
+        """One-time work in each node's launcher before any rank starts (e.g. building the local
+        demo assets a tiny example points at). Must be idempotent."""
+
     @abstractmethod
-    def run(self, module: ModuleConfig, ctx: "RunContext") -> None:
-        """Build the engine's trainer from ``module`` and train, reporting every step."""
+    def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
+        """Build the engine's trainer from ``plan`` and train, reporting every step through ``ctx``."""

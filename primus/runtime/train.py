@@ -12,13 +12,22 @@ from typing import Any
 
 from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import setup_logging
-from primus.runtime.adapter import ModuleConfig
+from primus.runtime.adapter import EnginePlan, ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import peak_tflops
 from primus.runtime.metrics import MetricsReporter
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER, Preempted, StopSignal
 from primus.runtime.rundir import read_resolved_config, record_restart
+
+
+# Plans the launcher built in this very process (a one-rank job runs its worker in-process): the
+# worker takes it instead of parsing the same config a second time.
+_HANDED_OVER: dict[tuple[str, str], EnginePlan] = {}
+
+
+def hand_over_plan(run_dir: Path, module: str, plan: EnginePlan) -> None:
+    _HANDED_OVER[(str(run_dir), module)] = plan
 
 
 def _device() -> tuple[str, str]:
@@ -60,11 +69,15 @@ def train_worker(payload: dict[str, Any]) -> int:
     if restarts and rank == 0:
         record_restart(run_dir, restarts)
         logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint", restarts)
-    module = ModuleConfig(name=module_name, framework=section["framework"], stage=section["stage"], params=params)
+    module = ModuleConfig(name=module_name, framework=section["framework"],
+                          stage=adapter.canonical_stage(section["stage"]), params=params)
     logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),
                 device_name, rank, world_size, module.stage)
     try:
-        adapter.run(module, ctx)
+        # the same plan the launcher built, rebuilt from config.resolved.yaml for this rank's run dir and device
+        plan = _HANDED_OVER.pop((str(run_dir), module_name), None) or \
+            adapter.plan(module, world_size, run_dir=run_dir, device=device)
+        adapter.run(plan, ctx)
     except Preempted as stop:
         logger.warning("rank %d %s", rank, stop)
         if rank == 0:

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
-from primus.hf.megatron_start import check_post_training_inputs, is_post_training, post_training, strip_post_training
-from primus.runtime.adapter import BackendAdapter, ModuleConfig
+from primus.hf.megatron_start import (check_post_training_inputs, hf_checkpoint_spec, is_post_training,
+                                     post_training, strip_post_training)
+from primus.plan.flops import flops_per_token
+from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 
 if TYPE_CHECKING:
     from primus.config.provenance import Provenance
@@ -54,13 +56,35 @@ class MegatronAdapter(BackendAdapter):
 
         return default_args()
 
-    def prepare(self, module: ModuleConfig, log: Callable[[str], None]) -> None:
-        root = tiny_assets_dir(module.params)
-        if root is not None and is_post_training(module.params):  # [#15 SFT/HF hook]
-            from primus.hf.tiny import ensure_tiny_sft_assets
+    def plan(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+             run_dir: Path | None = None, device: str = "cpu") -> EnginePlan:
+        """Megatron-LM arguments, parsed once; the layout checked against ``world_size`` when known."""
+        from primus.backends.megatron.arguments import check_parallel_layout, parse_args
+        from primus.backends.megatron.plan import describe
+        from primus.config.provenance import Provenance
+        from primus.config.schema import PrimusOptions, validate_model
 
-            log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
-            ensure_tiny_sft_assets(root)
+        validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
+                       f"modules.{module.name}.primus")
+        if is_post_training(module.params) and tiny_assets_dir(module.params) is not None:
+            _build_tiny_sft_assets(module, lambda message: None)  # [#15] the model is read from the files it builds
+        derived: list[tuple[str, Any, str]] = []
+        args = parse_args(megatron_params(module.params, derived), module=module.name, provenance=provenance)
+        if world_size is not None:
+            check_parallel_layout(args, world_size, module=module.name)
+        model, layout = describe(args, module.params.get("model"), world_size)
+        save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
+        checkpoint = hf_checkpoint_spec(module.params, save) or CheckpointSpec(save, load=args.load)  # [#15]
+        plan = EnginePlan(module, world_size, args, checkpoint, model, layout,
+                          flops_per_token=flops_per_token(model, args.seq_length) if model else None)
+        for key, value, reason in derived:
+            plan.derive(key, value, reason)
+        return plan
+
+    def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
+        root = tiny_assets_dir(plan.module.params)
+        if root is not None and is_post_training(plan.module.params):  # [#15 SFT/HF hook]
+            _build_tiny_sft_assets(plan.module, log)
             return
         if root is None or (root / f"{TINY_PREFIX}.idx").exists():
             return
@@ -71,63 +95,30 @@ class MegatronAdapter(BackendAdapter):
         assets = ensure_tiny_assets(root)
         build_indexed_dataset(assets["corpus_file"], assets["tokenizer"], root / TINY_PREFIX)
 
-    def validate(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
-        from primus.backends.megatron.arguments import parse_args
-        from primus.config.provenance import Provenance
-        from primus.config.schema import PrimusOptions, validate_model
-
-        validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
-                       f"modules.{module.name}.primus")
-        if is_post_training(module.params) and tiny_assets_dir(module.params) is not None:
-            self.prepare(module, lambda message: None)  # [#15] the model preset is read from the files it builds
-
-        parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
-        self.import_engine()
-
-    def check_world_size(self, module: ModuleConfig, world_size: int, provenance: "Provenance | None" = None) -> None:
-        from primus.backends.megatron.arguments import check_parallel_layout, parse_args
-
-        args = parse_args(megatron_params(module.params), module=module.name, provenance=provenance)
-        check_parallel_layout(args, world_size, module=module.name)
-
-    def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
-        """(ModelSpec, ParallelLayout) for ``primus plan`` from Megatron-LM arguments."""
-        from primus.backends.megatron.plan import plan_inputs
-
-        return plan_inputs(module.params, world_size)
-
-    def check_inputs(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
-        if is_post_training(module.params):  # [#15 SFT/HF hook] HF tensors vs the model, instruction files
-            if tiny_assets_dir(module.params) is not None:
-                self.prepare(module, lambda message: None)
-            check_post_training_inputs(module.params, self.canonical_stage(module.stage),
-                                       prefix=f"modules.{module.name}", provenance=provenance)
-        if tiny_assets_dir(module.params) is not None:
+    def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
+        if is_post_training(plan.module.params):  # [#15 SFT/HF hook] HF tensors vs the model, instruction files
+            check_post_training_inputs(plan, provenance=provenance)
+        if tiny_assets_dir(plan.module.params) is not None:
             return  # built by prepare() before the ranks start
-        params, prefix = module.params, f"modules.{module.name}"
-        checks = []
-        if params.get("tokenizer_model"):
-            checks.append(("tokenizer_model", Path(params["tokenizer_model"])))
-        if not params.get("mock_data"):
-            from primus.backends.megatron.data import blend_prefixes
+        from primus.backends.megatron.data import blend_prefixes
 
-            checks += [("data_path", Path(f"{p}.idx")) for p in blend_prefixes(params.get("data_path") or [])]
-        if params.get("load"):
-            checks.append(("load", Path(params["load"])))
+        args, prefix = plan.engine_config, f"modules.{plan.module.name}"
+        checks = []
+        if args.tokenizer_model:
+            checks.append(("tokenizer_model", Path(args.tokenizer_model)))
+        if not args.mock_data:
+            checks += [("data_path", Path(f"{p}.idx")) for p in blend_prefixes(args.data_path or [])]
+        if args.load:
+            checks.append(("load", Path(args.load)))
         for key, path in checks:
             if not path.exists():
                 full = f"{prefix}.{key}"
                 where = f"{provenance.describe(full)}: " if provenance is not None else ""
                 raise ConfigError(f"{where}{full}: {path} does not exist")
 
-    def run(self, module: ModuleConfig, ctx: "RunContext") -> None:
-        from primus.backends.megatron.arguments import parse_args
-
+    def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
         self.require_installed()
-        derived: list[tuple[str, Any, str]] = []
-        args = parse_args(megatron_params(module.params, derived), module=module.name)
-        for key, value, reason in derived:
-            ctx.log_derived(key, value, reason)
+        plan.log_derived(ctx)
         if not ctx.device.startswith("cuda"):
             from primus.backends.megatron.cpu_patches import apply_cpu_patches
 
@@ -136,5 +127,13 @@ class MegatronAdapter(BackendAdapter):
                 ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
         from primus.backends.megatron.trainer import train
 
-        post = post_training(module.params, self.canonical_stage(module.stage), prefix=f"modules.{module.name}")
-        train(args, ctx, post)  # [#15 SFT/HF hook] post: HF weights / instruction data, or None
+        post = post_training(plan.module.params, plan.module.stage, prefix=f"modules.{plan.module.name}")
+        train(plan.engine_config, ctx, post)  # [#15 SFT/HF hook] post: HF weights / instruction data, or None
+
+
+def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:
+    from primus.hf.tiny import ensure_tiny_sft_assets
+
+    root = tiny_assets_dir(module.params)
+    log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+    ensure_tiny_sft_assets(root)

@@ -242,31 +242,3 @@ def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):
         wsd_decay_steps=decay_iters * global_batch_size if args.lr_decay_style == "WSD" else None,
         lr_wsd_decay_style="linear" if args.lr_decay_style == "WSD" else None,
     )
-
-
-def num_floating_point_operations(args: MegatronArgs, batch_size: int, vocab_size: int, ffn_hidden_size: int) -> float:
-    """Megatron-LM's ``num_floating_point_operations`` (training.py, dense GPT, no MoE/MLA).
-
-    FLOPs of one training step over ``batch_size`` sequences::
-
-        12 * B * s * L * h^2 * ( (1 + g/n + s/h) * (n * d_kv / h)      attention (QKV, scores, proj)
-                                 + (f / h) * (3/2 if swiglu else 1)     MLP
-                                 + V / (2 * L * h) )                    logits
-
-    12 = 3 (forward, weight-grad, data-grad GEMMs) x 2 (GEMMs come in pairs) x 2 (multiply-add).
-    B batch, s seq_length, L layers, h hidden, n heads, g query groups, d_kv kv_channels, f FFN
-    width, V padded vocabulary. As in Megatron-LM the attention scores are counted without a
-    causal discount (``primus.plan.flops`` halves them; Megatron's own number is reported here).
-    """
-    kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
-    query_ratio = kv_channels * args.num_attention_heads / args.hidden_size
-    h, s, layers = args.hidden_size, args.seq_length, args.num_layers
-    gated = 3 / 2 if args.swiglu else 1
-    return (
-        12 * batch_size * s * layers * h * h
-        * (
-            (1 + args.query_groups / args.num_attention_heads + s / h) * query_ratio
-            + (ffn_hidden_size / h) * gated
-            + vocab_size / (2 * layers * h)
-        )
-    )

@@ -19,13 +19,13 @@ from primus.backends.megatron.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    num_floating_point_operations,
     padded_vocab_size,
     transformer_config,
     use_transformer_engine,
     wrap_ddp,
     wrap_float16,
 )
+from primus.backends.megatron.plan import flops_per_step
 from primus.config.errors import ConfigError
 from primus.runtime.metrics import StepReport
 
@@ -145,8 +145,7 @@ class MegatronTrainer:
         self.optimizer = build_optimizer(args, self.model)
         self._hook_schedule()
         self.scheduler = build_scheduler(args, self.optimizer, self.gbs)
-        self.ffn = self.config.ffn_hidden_size
-        self.flops_per_step = num_floating_point_operations(args, self.gbs, self.vocab, self.ffn)
+        self.flops_per_step = flops_per_step(args, self.gbs, padded_vocab_size=self.vocab)  # the one convention
         n_params = sum(p.numel() for c in chunks for p in c.parameters())
         ctx.logger.info("megatron model on rank %d: %d parameters in %d chunk(s)", ctx.rank, n_params, len(chunks))
 

@@ -1,22 +1,24 @@
 """NeMo AutoModel backend: Wan 2.2 text-to-video flow-matching training.
 
 The module section mirrors AutoModel's diffusion YAML (model, step_scheduler, data, optimizer,
-flow_matching, fsdp, checkpoint, ...). Primus strips its own keys, derives what it owns (mode
-from the stage, checkpoint dir, resume point, process-group backend), checks every key against
-what AutoModel 0.7.0 reads, and hands a ``ConfigNode`` to ``TrainDiffusionRecipe``; AutoModel
-owns FSDP2, data, optimizer and checkpoints. Each optimizer step is reported through
+flow_matching, fsdp, checkpoint, ...). The plan takes out Primus's ``primus:`` block, derives what
+Primus owns (mode from the stage, checkpoint dir, process-group backend), checks every key against
+what AutoModel 0.7.0 reads, and the run hands a ``ConfigNode`` to ``TrainDiffusionRecipe``;
+AutoModel owns FSDP2, data, optimizer and checkpoints. Each optimizer step is reported through
 ``RunContext.report_step``.
 """
 from __future__ import annotations
 
 import fcntl
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from primus.backends.nemo_automodel.config import EXPERTS, Handoff, build_handoff, expand_path, tiny_assets_of
+from primus.backends.nemo_automodel.config import EXPERTS, build_handoff
 from primus.config.errors import ConfigError
-from primus.runtime.adapter import BackendAdapter, ModuleConfig
+from primus.data.tiny_assets import tiny_assets_dir
+from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 from primus.runtime.preemption import Preempted
 
 if TYPE_CHECKING:
@@ -41,49 +43,63 @@ class AutoModelAdapter(BackendAdapter):
             "checkpoint": {"enabled": True, "model_save_format": "safetensors", "save_consolidated": False},
         }
 
-    # -- validation -------------------------------------------------------------------------
-    def _handoff(self, module: ModuleConfig, *, checkpoint_dir: Path, resume: bool, dist_backend: str,
-                 log=None, log_derived=None) -> Handoff:
-        stage = self.canonical_stage(module.stage, where=f"modules.{module.name}.stage")
-        return build_handoff(
-            module.params, stage=stage, checkpoint_dir=checkpoint_dir, resume=resume, dist_backend=dist_backend,
-            log=log or (lambda msg: None), log_derived=log_derived or (lambda key, value, reason: None))
-
-    def validate(self, module: ModuleConfig, provenance: "Provenance | None" = None) -> None:
+    def plan(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+             run_dir: Path | None = None, device: str = "cpu") -> EnginePlan:
+        """AutoModel's own config (the hand-off dict), every key checked against what 0.7.0 reads."""
         from primus.backends.nemo_automodel import schema
+        from primus.config.provenance import Provenance
+        from primus.config.schema import PrimusOptions, validate_model
 
         self.require_installed()
+        prefix = f"modules.{module.name}"
+        validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(), f"{prefix}.primus")
+        stage = self.canonical_stage(module.stage, where=f"{prefix}.stage")
+        checkpoint_dir = (run_dir or Path(".")) / "checkpoints"
+        plan = EnginePlan(module, world_size, None, CheckpointSpec(checkpoint_dir))
+
+        def where(key: str) -> str:
+            return f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
+
+        try:
+            plan.engine_config = build_handoff(module.params, stage=stage, checkpoint_dir=checkpoint_dir,
+                                               dist_backend="nccl" if device.startswith("cuda") else "gloo",
+                                               plan=plan)
+        except ConfigError as exc:
+            raise ConfigError(f"{where(exc.key)}{exc}" if exc.key else str(exc), key=exc.key) from None
         self.import_engine()
-        handoff = self._handoff(module, checkpoint_dir=Path("checkpoints"), resume=False, dist_backend="gloo")
+        schema.check(plan.engine_config, where)
+        restore = plan.engine_config["checkpoint"].get("restore_from")
+        if restore and restore != "LATEST":
+            plan.checkpoint = CheckpointSpec(checkpoint_dir, load=str(restore))
+        return plan
 
-        def describe(key: str) -> str:
-            if provenance is None:
-                return ""
-            try:
-                where = provenance.describe(key)
-            except Exception:  # a derived key has no source line
-                return ""
-            return f"{where}: " if where else ""
+    def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
+        root = tiny_assets_dir(plan.module.params)
+        if root is not None:
+            ensure_tiny_assets(root, log)
 
-        schema.check(handoff.automodel, describe)
+    def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
+        if tiny_assets_dir(plan.module.params) is not None:
+            return  # built by prepare() before the ranks start
+        cfg, prefix = plan.engine_config, f"modules.{plan.module.name}"
+        checks = [("model.pretrained_model_name_or_path", cfg["model"]["pretrained_model_name_or_path"])]
+        checks += [(f"data.{name}.cache_dir", loader["cache_dir"]) for name, loader in (cfg.get("data") or {}).items()
+                   if isinstance(loader, dict) and loader.get("cache_dir")]
+        for key, value in checks:
+            if str(value).startswith((".", "/")) and not Path(value).exists():
+                full = f"{prefix}.{key}"
+                where = f"{provenance.describe(full)}: " if provenance is not None else ""
+                raise ConfigError(f"{where}{full}: {value} does not exist")
 
-    # -- run --------------------------------------------------------------------------------
-    def run(self, module: ModuleConfig, ctx: "RunContext") -> None:
-        from primus.backends.nemo_automodel import schema
-        from primus.backends.nemo_automodel.metrics import StepTap
-        from primus.backends.nemo_automodel.patches import keep_primus_logging, one_train_line
+    def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
+        from primus.backends.nemo_automodel.hooks import StepTap
+        from primus.backends.nemo_automodel.patches import check_version, keep_primus_logging, one_train_line
 
-        version = self.require_installed()
-        if version not in schema.VALIDATED_VERSIONS:
-            ctx.logger.warning("nemo-automodel %s is untested (validated: %s): config checks may be stale",
-                               version, ", ".join(schema.VALIDATED_VERSIONS))
-        self.canonical_stage(module.stage, where=f"modules.{module.name}.stage")
-        if tiny_assets_of(module.params):
-            ensure_tiny_assets(Path(expand_path(tiny_assets_of(module.params))), ctx.logger)
-        handoff = self._handoff(module, checkpoint_dir=ctx.checkpoint_dir, resume=ctx.resume,
-                                dist_backend=ctx.dist_backend, log=ctx.logger.info, log_derived=ctx.log_derived)
-        cfg = handoff.automodel
-        schema.check(cfg)
+        check_version(self.require_installed(), ctx.logger.warning)
+        plan.log_derived(ctx)
+        cfg = plan.engine_config
+        if ctx.resume and not cfg["checkpoint"].get("restore_from"):
+            cfg["checkpoint"]["restore_from"] = "LATEST"
         self._check_fresh_checkpoint_dir(cfg, ctx)
         self._log_expert(cfg, ctx.logger)
 
@@ -140,8 +156,8 @@ class AutoModelAdapter(BackendAdapter):
                  "from config" if recipe.cfg.get("model.boundary_ratio") is not None else "from the pipeline")
 
 
-def ensure_tiny_assets(root: Path, log: logging.Logger) -> None:
-    """Build the tiny random pipeline + latent cache once per ``root`` (all ranks safe: file lock)."""
+def ensure_tiny_assets(root: Path, log: Callable[[str], None]) -> None:
+    """Build the tiny random pipeline + latent cache once per ``root`` (concurrent launches: file lock)."""
     root.mkdir(parents=True, exist_ok=True)
     done = root / ".complete"
     if done.exists():
@@ -152,6 +168,6 @@ def ensure_tiny_assets(root: Path, log: logging.Logger) -> None:
             return
         from primus.data.diffusion.tiny import build_tiny_assets
 
-        log.info("nemo_automodel: tiny Wan 2.2 pipeline and latent cache not found: building them in %s", root)
+        log(f"building the tiny Wan 2.2 pipeline and latent cache in {root} (primus.tiny_assets)")
         build_tiny_assets(root)
         done.write_text("ok\n")

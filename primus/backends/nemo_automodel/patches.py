@@ -1,16 +1,48 @@
-"""Engine-compatibility fixes for NeMo AutoModel: each one named, scoped, and tested.
+"""Engine-compatibility fixes for NeMo AutoModel 0.7.0: each one named, scoped, and tested.
 
-AutoModel runs unmodified on CPU (measured: gloo, FSDP2, 2 ranks); what is fixed here is only
-its logging: keeping Primus's handlers and rank output intact around ``setup()`` and keeping
-one ``[TRAIN]`` line per step. Both are scoped context managers, nothing is patched globally.
+AutoModel runs unmodified on CPU (measured: gloo, FSDP2, 2 ranks); what is fixed here is its
+logging (keeping Primus's handlers and rank output intact around ``setup()``, one ``[TRAIN]``
+line per step) and the one place Primus must see inside its loop that offers no hook (the
+micro-batch losses). All are scoped to one recipe or one ``with`` block; nothing is patched
+globally, and ``check_version`` says when the installed AutoModel is not the one they were
+written against.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 from contextlib import contextmanager
 
 APPLIES_TO = ("0.7.0",)
+
+
+def check_version(version: str, warn: Callable[[str], None]) -> None:
+    if version not in APPLIES_TO:
+        warn(f"nemo-automodel {version} is untested (validated: {', '.join(APPLIES_TO)}): its config checks "
+             "and patches may be stale")
+
+
+def tap_flow_matching_step(pipeline: Any, on_micro_batch: Callable[[Any, dict], None]) -> Callable[[], None]:
+    """Call ``on_micro_batch(loss, batch)`` for every training micro-batch; returns the undo.
+
+    Why: ``run_train_validation_loop`` (0.7.0) keeps each micro-batch's loss in a local variable
+    and offers no callback; its ``flow_matching_pipeline.step`` returns it. The wrapper is an
+    instance attribute of this recipe's pipeline only. Validation runs under ``no_grad`` and is
+    not counted.
+    """
+    import torch
+
+    original = pipeline.step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        if torch.is_grad_enabled():
+            on_micro_batch(out[1], kwargs.get("batch", args[1] if len(args) > 1 else {}))
+        return out
+
+    pipeline.step = step
+    return lambda: pipeline.__dict__.pop("step", None)
 
 
 def _is_rank_filter(f: object) -> bool:

@@ -15,8 +15,6 @@ from typing import Any
 
 from primus.config.errors import ConfigError, did_you_mean
 
-VALIDATED_VERSIONS = ("0.7.0",)
-
 TOP_LEVEL = frozenset({
     "recipe", "seed", "dist_env", "model", "step_scheduler", "lr_scheduler", "data", "optimizer",
     "clip_grad_norm", "flow_matching", "fsdp", "ddp", "checkpoint", "peft", "wandb", "performance",
@@ -82,12 +80,15 @@ def dataclass_sections() -> dict[str, frozenset[str]]:
     }
 
 
-def _unknown(where: str, keys: Iterable[str], allowed: Iterable[str], describe: Callable[[str], str]) -> None:
+def _unknown(where: str, keys: Iterable[str], allowed: Iterable[str], describe: Callable[[str], str]) -> list[ConfigError]:
     allowed = sorted(allowed)
+    errors = []
     for key in keys:
         if key not in allowed:
             dotted = f"{where}.{key}" if where else key
-            raise ConfigError(f"{describe(dotted)}unknown AutoModel key '{dotted}'{did_you_mean(key, allowed)}")
+            errors.append(ConfigError(f"{describe(dotted)}unknown AutoModel key '{dotted}'{did_you_mean(key, allowed)}",
+                                      key=dotted))
+    return errors
 
 
 def resolve_target(path: Any, where: str, describe: Callable[[str], str]) -> Any:
@@ -100,49 +101,50 @@ def resolve_target(path: Any, where: str, describe: Callable[[str], str]) -> Any
         raise ConfigError(f"{describe(where)}{where}._target_ '{path}' cannot be imported: {exc}") from None
 
 
-def check_target_kwargs(where: str, section: Mapping[str, Any], describe: Callable[[str], str]) -> None:
+def check_target_kwargs(where: str, section: Mapping[str, Any], describe: Callable[[str], str]) -> list[ConfigError]:
     """Bind a ``_target_`` section's kwargs to the target's signature without calling it."""
     target = resolve_target(section["_target_"], where, describe)
     kwargs = {k: v for k, v in section.items() if k != "_target_"}
     try:
         params = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):
-        return  # builtins without a signature: nothing to check
+        return []  # builtins without a signature: nothing to check
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return
+        return []
     names = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL and p.name != "self"]
-    _unknown(where, kwargs, names, describe)
+    return _unknown(where, kwargs, names, describe)
 
 
 def check(cfg: Mapping[str, Any], describe: Callable[[str], str] = lambda key: "") -> None:
-    """Raise ``ConfigError`` for the first key AutoModel would not read."""
-    _unknown("", cfg, TOP_LEVEL, describe)
+    """Raise one ``ConfigError`` listing every key AutoModel would not read."""
+    errors = _unknown("", cfg, TOP_LEVEL, describe)
     for name, allowed in FLAT.items():
         if isinstance(cfg.get(name), Mapping):
-            _unknown(name, cfg[name], allowed, describe)
+            errors += _unknown(name, cfg[name], allowed, describe)
     for dotted, allowed in dataclass_sections().items():
         node: Any = cfg
         for part in dotted.split("."):
             node = node.get(part) if isinstance(node, Mapping) else None
         if isinstance(node, Mapping):
-            _unknown(dotted, node, allowed, describe)
+            errors += _unknown(dotted, node, allowed, describe)
     for name in ("optimizer", "peft"):
         section = cfg.get(name)
         if isinstance(section, Mapping) and "_target_" in section:
-            check_target_kwargs(name, section, describe)
+            errors += check_target_kwargs(name, section, describe)
     for name in ("dataloader", "validation_dataloader"):
         section = (cfg.get("data") or {}).get(name)
         if isinstance(section, Mapping):
-            _check_dataloader(f"data.{name}", section, describe)
+            errors += _check_dataloader(f"data.{name}", section, describe)
+    if errors:
+        raise ConfigError.of_all(errors)
 
 
-def _check_dataloader(where: str, section: Mapping[str, Any], describe: Callable[[str], str]) -> None:
+def _check_dataloader(where: str, section: Mapping[str, Any], describe: Callable[[str], str]) -> list[ConfigError]:
     target = section.get("_target_")
     if target is None:
-        raise ConfigError(f"{describe(where)}{where}._target_ is required "
-                          f"(e.g. {next(iter(DIFFUSION_DATALOADERS))})")
+        return [ConfigError(f"{describe(where)}{where}._target_ is required "
+                            f"(e.g. {next(iter(DIFFUSION_DATALOADERS))})", key=f"{where}._target_")]
     config_class = DIFFUSION_DATALOADERS.get(str(target))
     if config_class is None:
-        check_target_kwargs(where, section, describe)
-        return
-    _unknown(where, [k for k in section if k != "_target_"], _field_names(config_class), describe)
+        return check_target_kwargs(where, section, describe)
+    return _unknown(where, [k for k in section if k != "_target_"], _field_names(config_class), describe)

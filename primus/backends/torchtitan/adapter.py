@@ -1,7 +1,6 @@
 """TorchTitan behind the adapter contract: its own ``Trainer`` from its own ``Trainer.Config``."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,10 +9,9 @@ from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
 from primus.data.tiny_assets import tiny_assets_dir
 from primus.hf import torchtitan_start as hf_start
-from primus.runtime.adapter import BackendAdapter, ModuleConfig
+from primus.plan.flops import flops_per_token
+from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 from primus.runtime.context import RunContext
-from primus.plan.flops import dense_decoder_flops_per_token
-from primus.runtime.metrics import StepReport
 from primus.runtime.preemption import Preempted
 
 
@@ -50,57 +48,6 @@ def register_local_datasets() -> None:
         loader=lambda path: load_dataset("text", data_files=files(path, "*.txt"), split="train")))
 
 
-class _StepReporter:
-    """Times each ``train_step`` and forwards TorchTitan's global loss to Primus' reporter."""
-
-    def __init__(self, trainer: Any, ctx: RunContext, flops_per_token: float, tokens_per_step: int, seq_len: int):
-        self.ctx, self.flops_per_token, self.tokens, self.seq_len = ctx, flops_per_token, tokens_per_step, seq_len
-        self.pending: dict[str, Any] = {}
-        self._train_step = trainer.train_step
-        self._log = trainer.metrics_processor.log
-        self.trainer = trainer
-        trainer.train_step = self.train_step
-        trainer.metrics_processor.log = self.log
-
-    def log(self, step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
-            extra_metrics: dict[str, Any] | None = None) -> None:
-        extra = extra_metrics or {}
-        lr = next((v for k, v in extra.items() if k.startswith("lr")), None)
-        self.pending = {"loss": global_avg_loss, "grad_norm": grad_norm, "lr": lr}
-        self._log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
-
-    def train_step(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        result = self._train_step(*args, **kwargs)
-        elapsed = time.perf_counter() - start
-        if self.pending:
-            self.ctx.report_step(StepReport(
-                step=self.trainer.step, loss=float(self.pending["loss"]), step_time_s=elapsed,
-                samples=self.tokens // self.seq_len, tokens=self.tokens, flops=self.flops_per_token * self.tokens,
-                lr=self.pending["lr"], grad_norm=float(self.pending["grad_norm"]),
-            ))
-            self.pending = {}
-        if self.ctx.should_stop():
-            self._checkpoint_and_stop()
-        return result
-
-    def _checkpoint_and_stop(self) -> None:
-        """SIGTERM: save the full training state at this step (whatever the interval), then stop."""
-        checkpointer, step = self.trainer.checkpointer, self.trainer.step
-        saved = False
-        if checkpointer.enable:
-            interval, checkpointer.interval = checkpointer.interval, 1
-            try:
-                checkpointer.save(step)
-                checkpointer.maybe_wait_for_saving()
-                saved = True
-            finally:
-                checkpointer.interval = interval
-        else:
-            self.ctx.logger.warning("SIGTERM with checkpoint.enable=false: stopping without a checkpoint")
-        raise Preempted(step, saved)
-
-
 class TorchTitanAdapter(BackendAdapter):
     name = "torchtitan"
     distribution = "torchtitan"
@@ -109,26 +56,42 @@ class TorchTitanAdapter(BackendAdapter):
     stages = ("pretrain", "sft")
     stage_aliases = {"train": "pretrain"}
 
-    def _params(self, module: ModuleConfig, derived: list | None = None) -> dict[str, Any]:
-        """[#15] A run from a HF checkpoint / on instructions names its files itself: primus.tiny_assets only
-        builds them (never overrides hf_assets_path), and the model comes from the checkpoint's config.json."""
-        stage = self.canonical_stage(module.stage)
-        if not hf_start.is_post_training(module.params, stage):
-            return _with_tiny_assets(module.params, derived)
-        if tiny_assets_dir(module.params) is not None:
-            self.prepare(module, lambda message: None)
-        return hf_start.with_hf_start(module.params, stage, derived, prefix=f"modules.{module.name}")
-
     def defaults(self, stage: str) -> dict[str, Any]:
         return {"attn_backend": "auto", "metrics": {"log_freq": 1}, "checkpoint": {"folder": "checkpoints"}}
 
-    def prepare(self, module: ModuleConfig, log: Callable[[str], None]) -> None:
-        root = tiny_assets_dir(module.params)
-        if root is not None and hf_start.is_post_training(module.params, self.canonical_stage(module.stage)):
-            from primus.hf.tiny import ensure_tiny_sft_assets  # [#15] tiny HF model + instruction set
+    def plan(self, module: ModuleConfig, world_size: int | None, provenance: Provenance | None = None, *,
+             run_dir: Path | None = None, device: str = "cpu") -> EnginePlan:
+        """TorchTitan's own ``Trainer.Config``, every key checked against its dataclass tree."""
+        from primus.backends.torchtitan.patches import apply_patches
 
-            log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
-            ensure_tiny_sft_assets(root)
+        apply_patches()
+        self.import_engine()
+        register_local_datasets()
+        from primus.backends.torchtitan.config import build_trainer_config
+        from primus.backends.torchtitan.plan import plan_inputs
+
+        prefix = f"modules.{module.name}"
+        derived: list[tuple[str, Any, str]] = []
+        params = _params(module, derived)
+        cfg, spec, more = build_trainer_config(params, run_dir=run_dir or Path("."), device=device,
+                                               provenance=provenance, prefix=prefix, stage=module.stage)
+        if module.stage != "sft":  # the SFT dataloader names no registered dataset
+            _check_dataset(cfg, prefix, provenance)
+        if world_size is not None:
+            _check_world_size(module, world_size, provenance)
+        _, layout = plan_inputs(params, world_size)
+        directory = Path(cfg.dump_folder) / cfg.checkpoint.folder
+        source = hf_start.hf_source(params)  # [#15] TorchTitan loads these safetensors itself
+        checkpoint = CheckpointSpec(directory, load=str(source), format="hf") if source else CheckpointSpec(directory)
+        plan = EnginePlan(module, world_size, cfg, checkpoint, spec, layout, flops_per_token=flops_per_token(spec, cfg.training.seq_len))
+        for key, value, reason in [*derived, *more]:
+            plan.derive(key, value, reason)
+        return plan
+
+    def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
+        root = tiny_assets_dir(plan.module.params)
+        if root is not None and hf_start.is_post_training(plan.module.params, plan.module.stage):
+            _build_tiny_sft_assets(plan.module, log)  # [#15] tiny HF model + instruction set
             return
         if root is not None and not (root / "corpus" / "data.jsonl").exists():
             from primus.data.tiny_assets import ensure_tiny_assets
@@ -136,112 +99,96 @@ class TorchTitanAdapter(BackendAdapter):
             log(f"building the tiny tokenizer and learnable corpus in {root} (primus.tiny_assets)")
             ensure_tiny_assets(root)
 
-    def validate(self, module: ModuleConfig, provenance: Provenance) -> None:
-        import torch
-
-        from primus.backends.torchtitan.patches import apply_patches
-
-        apply_patches()
-        self.import_engine()
-        register_local_datasets()
-        from primus.backends.torchtitan.config import build_trainer_config
-
-        prefix = f"modules.{module.name}"
-        params = self._params(module)
-        stage = self.canonical_stage(module.stage)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        cfg, _, _ = build_trainer_config(params, run_dir=Path("."), device=device, provenance=provenance,
-                                         prefix=prefix, stage=stage)
-        if stage == "sft":
-            return  # the SFT dataloader names no registered dataset
-        from torchtitan.hf_datasets.text_datasets import DATASETS
-
-        from primus.config.errors import did_you_mean
-
-        dataset = getattr(cfg.dataloader, "dataset", None)
-        if dataset is not None and dataset.lower() not in DATASETS:
-            key = f"{prefix}.dataloader.dataset"
-            raise ConfigError(f"{provenance.describe(key)}: {key}: unknown dataset '{dataset}'"
-                              f"{did_you_mean(dataset, DATASETS)}; known: {', '.join(DATASETS)}")
-
-    def check_world_size(self, module: ModuleConfig, world_size: int, provenance: Provenance) -> None:
-        """TorchTitan checks dp x tp x pp x cp == world size at start-up; say it before launch."""
-        parallel = module.params.get("parallelism") or {}
-        degrees = {key: parallel.get(key, 1) for key in ("data_parallel_replicate_degree", "tensor_parallel_degree",
-                                                         "pipeline_parallel_degree", "context_parallel_degree")}
-        shard = parallel.get("data_parallel_shard_degree", -1)
-        fixed = degrees["data_parallel_replicate_degree"] * degrees["tensor_parallel_degree"] * \
-            degrees["pipeline_parallel_degree"] * degrees["context_parallel_degree"]
-        product = fixed * shard if shard > 0 else fixed
-        if (shard > 0 and product != world_size) or (shard <= 0 and world_size % fixed):
-            key = f"modules.{module.name}.parallelism"
-            layout = " x ".join(f"{k.replace('_degree', '')}={v}" for k, v in {**degrees,
-                                "data_parallel_shard_degree": shard}.items())
-            raise ConfigError(f"{provenance.describe(key)}: {key}: {layout} does not fit the world size "
-                              f"{world_size} (the degrees must multiply to it; shard -1 fills it)")
-
-    def check_inputs(self, module: ModuleConfig, provenance: Provenance) -> None:
-        params = module.params
-        prefix = f"modules.{module.name}"
-        stage = self.canonical_stage(module.stage)
-        if hf_start.is_post_training(params, stage):  # [#15] HF tensors vs the model, instruction files
-            params = self._params(module)
-            from primus.plan.model import ModelSpec
-
-            hf_start.check_hf_inputs(params, ModelSpec(**params["model"]), prefix=prefix, provenance=provenance)
-            loader = params.get("dataloader") or {}
-            for key in ("dataset_path", "valid_dataset_path"):
-                if stage == "sft" and loader.get(key) and not Path(loader[key]).expanduser().exists():
-                    full = f"{prefix}.dataloader.{key}"
-                    raise ConfigError(f"{provenance.describe(full)}: {full}: {loader[key]} does not exist")
-        elif tiny_assets_dir(params) is not None:
+    def check_inputs(self, plan: EnginePlan, provenance: Provenance | None = None) -> None:
+        module = plan.module
+        if hf_start.is_post_training(module.params, module.stage):  # [#15] HF tensors vs the model, instruction files
+            hf_start.check_inputs(plan, provenance=provenance)
+        elif tiny_assets_dir(module.params) is not None:
             return  # built by prepare() before the ranks start
-        dataloader = params.get("dataloader") or {}
-        checks = [("hf_assets_path", Path(params.get("hf_assets_path", "./tests/assets/tokenizer")) / "tokenizer.json")]
-        if dataloader.get("dataset_path"):
-            checks.append(("dataloader.dataset_path", Path(dataloader["dataset_path"])))
+        cfg, prefix = plan.engine_config, f"modules.{module.name}"
+        checks = [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
+        if getattr(cfg.dataloader, "dataset_path", None):
+            checks.append(("dataloader.dataset_path", Path(cfg.dataloader.dataset_path)))
         for key, path in checks:
             if not path.exists():
                 full = f"{prefix}.{key}"
-                raise ConfigError(f"{provenance.describe(full)}: {full}: {path} does not exist")
+                where = f"{provenance.describe(full)}: " if provenance is not None else ""
+                raise ConfigError(f"{where}{full}: {path} does not exist")
 
-    def run(self, module: ModuleConfig, ctx: RunContext) -> None:
+    def run(self, plan: EnginePlan, ctx: RunContext) -> None:
         from primus.backends.torchtitan.patches import apply_patches
 
         for name in apply_patches():
             ctx.logger.info("applied TorchTitan compatibility patch: %s", name)
-        register_local_datasets()
         import torch.distributed as dist
 
-        from primus.backends.torchtitan.config import build_trainer_config
+        from primus.backends.torchtitan.hooks import with_primus_components
 
-        derived: list[tuple[str, Any, str]] = []
-        params = self._params(module, derived)
-        cfg, spec, more = build_trainer_config(params, run_dir=ctx.run_dir, device=ctx.device,
-                                               prefix=f"modules.{module.name}", stage=self.canonical_stage(module.stage))
-        hf_start.log_start(params, ctx.logger)
-        for key, value, reason in [*derived, *more]:
-            ctx.log_derived(key, value, reason)
+        plan.log_derived(ctx)
+        cfg = plan.engine_config
         if ctx.resume and not cfg.checkpoint.enable:
             ctx.logger.warning("--resume given but checkpoint.enable is false: starting from step 0")
-        trainer = cfg.build()
-        seq_len = cfg.training.seq_len
-        dp = trainer.parallel_dims.dp_replicate * trainer.parallel_dims.dp_shard
-        global_batch = cfg.training.global_batch_size if cfg.training.global_batch_size > 0 \
-            else cfg.training.local_batch_size * dp
-        flops_per_token = dense_decoder_flops_per_token(n_layers=spec.n_layers, dim=spec.dim, seq_len=seq_len,
-                                                        matmul_params=spec.matmul_params())
-        _StepReporter(trainer, ctx, flops_per_token, global_batch * seq_len, seq_len)
+        hf_start.log_start(plan.checkpoint, ctx.logger)  # [#15] which HF checkpoint the run starts from
+        trainer = with_primus_components(cfg).build()
+        trainer.attach(ctx, plan.flops_per_token)
         hf_start.tap_validation(trainer, ctx)  # [#15] [EVAL] lines
         try:
             trainer.train()
+            if trainer.stopping:  # SIGTERM: this step was checkpointed (when checkpoints are on)
+                trainer.checkpointer.maybe_wait_for_saving()
+                if not cfg.checkpoint.enable:
+                    ctx.logger.warning("SIGTERM with checkpoint.enable=false: stopping without a checkpoint")
+                raise Preempted(trainer.step, cfg.checkpoint.enable)
         finally:
             trainer.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
 
-    def plan_inputs(self, module: ModuleConfig, world_size: int | None = None):
-        """(ModelSpec, ParallelLayout) for ``primus plan`` / preflight's experiment checks."""
-        from primus.backends.torchtitan.plan import plan_inputs
 
-        return plan_inputs(module.params, world_size)
+def _params(module: ModuleConfig, derived: list) -> dict[str, Any]:
+    """[#15] A run from a HF checkpoint / on instructions names its files itself: primus.tiny_assets only
+    builds them (never overrides hf_assets_path), and the model comes from the checkpoint's config.json."""
+    if not hf_start.is_post_training(module.params, module.stage):
+        return _with_tiny_assets(module.params, derived)
+    if tiny_assets_dir(module.params) is not None:
+        _build_tiny_sft_assets(module, lambda message: None)
+    return hf_start.with_hf_start(module.params, module.stage, derived, prefix=f"modules.{module.name}")
+
+
+def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:
+    from primus.hf.tiny import ensure_tiny_sft_assets
+
+    root = tiny_assets_dir(module.params)
+    log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+    ensure_tiny_sft_assets(root)
+
+
+def _check_dataset(cfg: Any, prefix: str, provenance: Provenance | None) -> None:
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    from primus.config.errors import did_you_mean
+
+    dataset = getattr(cfg.dataloader, "dataset", None)
+    if dataset is not None and dataset.lower() not in DATASETS:
+        key = f"{prefix}.dataloader.dataset"
+        where = provenance.describe(key) if provenance is not None else key
+        raise ConfigError(f"{where}: {key}: unknown dataset '{dataset}'"
+                          f"{did_you_mean(dataset, DATASETS)}; known: {', '.join(DATASETS)}")
+
+
+def _check_world_size(module: ModuleConfig, world_size: int, provenance: Provenance | None) -> None:
+    """TorchTitan checks dp x tp x pp x cp == world size at start-up; say it before launch."""
+    parallel = module.params.get("parallelism") or {}
+    degrees = {key: parallel.get(key, 1) for key in ("data_parallel_replicate_degree", "tensor_parallel_degree",
+                                                     "pipeline_parallel_degree", "context_parallel_degree")}
+    shard = parallel.get("data_parallel_shard_degree", -1)
+    fixed = degrees["data_parallel_replicate_degree"] * degrees["tensor_parallel_degree"] * \
+        degrees["pipeline_parallel_degree"] * degrees["context_parallel_degree"]
+    product = fixed * shard if shard > 0 else fixed
+    if (shard > 0 and product != world_size) or (shard <= 0 and world_size % fixed):
+        key = f"modules.{module.name}.parallelism"
+        where = provenance.describe(key) if provenance is not None else key
+        layout = " x ".join(f"{k.replace('_degree', '')}={v}" for k, v in {**degrees,
+                            "data_parallel_shard_degree": shard}.items())
+        raise ConfigError(f"{where}: {key}: {layout} does not fit the world size "
+                          f"{world_size} (the degrees must multiply to it; shard -1 fills it)")

@@ -1,15 +1,13 @@
-"""Shared fixtures: the learnable tiny corpus as a Megatron indexed dataset, and a torchrun launcher."""
+"""Shared fixtures: the learnable tiny corpus as a Megatron indexed dataset, and Megatron runs
+through the real worker (``tests.helpers.train_with_torchrun``)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HARNESS = Path(__file__).with_name("harness.py")
+from tests.helpers import read_metrics, train_with_torchrun
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -31,15 +29,8 @@ def tiny_indexed(tiny_assets, tmp_path_factory):
 
 
 def run_megatron(run_dir: Path, params: dict, nproc: int = 1, resume: bool = False, timeout: int = 300) -> list[dict]:
-    """torchrun the harness; return metrics.jsonl records (asserts a clean exit)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    params_file = run_dir / "params.json"
-    params_file.write_text(json.dumps(params))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(HARNESS), str(run_dir), str(params_file)] + (["--resume"] if resume else [])
-    result = subprocess.run(["timeout", "-k", "10", str(timeout), *command], capture_output=True, text=True, env=env)
-    (run_dir / "output.log").write_text(result.stdout + result.stderr)
+    """``nproc`` ranks of the Primus worker on ``params``; the metrics.jsonl records (asserts a clean exit)."""
+    result = train_with_torchrun(run_dir, "megatron", params, nproc=nproc, resume=resume, timeout=timeout,
+                                 env={"PYTHONWARNINGS": "ignore"})
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run_dir)

@@ -134,12 +134,12 @@ def test_defaults_exclude_model_shape_and_match_the_preset():
     parse_args({**preset, **params()})  # every preset key is a known Megatron argument
 
 
-def test_adapter_validate_accepts_the_primus_block_only_with_known_keys(tmp_path):
+def test_adapter_plan_accepts_the_primus_block_only_with_known_keys(tmp_path):
     adapter = MegatronAdapter()
     tiny = {k: v for k, v in params().items() if k != "mock_data"}
-    adapter.validate(ModuleConfig("pre_trainer", "megatron", "pretrain", {**tiny, "primus": {"tiny_assets": str(tmp_path)}}))
+    adapter.plan(ModuleConfig("pre_trainer", "megatron", "pretrain", {**tiny, "primus": {"tiny_assets": str(tmp_path)}}), 1)
     with pytest.raises(ConfigError, match="primus.tiny_asset"):
-        adapter.validate(ModuleConfig("pre_trainer", "megatron", "pretrain", {**tiny, "primus": {"tiny_asset": "x"}}))
+        adapter.plan(ModuleConfig("pre_trainer", "megatron", "pretrain", {**tiny, "primus": {"tiny_asset": "x"}}), 1)
 
 
 @pytest.mark.parametrize("example", sorted((REPO / "examples/megatron").glob("*.yaml")), ids=lambda p: p.name)

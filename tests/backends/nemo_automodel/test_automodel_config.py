@@ -7,19 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from automodel_harness import load_example
 from primus.backends.nemo_automodel import schema
 from primus.backends.nemo_automodel.adapter import AutoModelAdapter
-from primus.backends.nemo_automodel.config import PRIMUS_KEYS, build_handoff
+from primus.backends.nemo_automodel.config import build_handoff
 from primus.config.errors import ConfigError
-from primus.runtime.adapter import ModuleConfig
+from primus.runtime.adapter import CheckpointSpec, EnginePlan, ModuleConfig
+from tests.backends.nemo_automodel.conftest import resolve_example
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "nemo_automodel").glob("*.yaml"))
 
 
-def _handoff(params, stage="pretrain", **kw):
-    return build_handoff(params, stage=stage, checkpoint_dir=Path("/run/checkpoints"), resume=kw.get("resume", False),
-                         dist_backend="gloo", log=lambda m: None, log_derived=lambda k, v, r: None)
+def _handoff(params, stage="pretrain"):
+    module = ModuleConfig("pre_trainer", "nemo_automodel", stage, params)
+    plan = EnginePlan(module, 1, None, CheckpointSpec(Path("/run/checkpoints")))
+    return build_handoff(params, stage=stage, checkpoint_dir=Path("/run/checkpoints"), dist_backend="gloo", plan=plan)
+
+
+def _plan(params, stage="pretrain"):
+    return AutoModelAdapter().plan(ModuleConfig("pre_trainer", "nemo_automodel", stage, params), 1)
 
 
 def _walk_keys(node, prefix=""):
@@ -31,22 +36,36 @@ def _walk_keys(node, prefix=""):
 
 def test_no_primus_key_reaches_automodel(tiny_params):
     _, params = tiny_params()
-    polluted = {**params, **{key: "x" for key in PRIMUS_KEYS}, "tiny_assets": params["tiny_assets"]}
-    cfg = _handoff(polluted).automodel
-    assert not PRIMUS_KEYS & set(cfg), "a Primus key leaked into AutoModel's config"
+    cfg = _handoff(params)
+    assert "primus" in params and "primus" not in cfg, "the primus: block leaked into AutoModel's config"
     assert set(cfg) <= schema.TOP_LEVEL
-    assert not PRIMUS_KEYS & schema.TOP_LEVEL  # our names can never shadow an AutoModel section
     schema.check(cfg)
 
 
-def test_primus_owns_mode_checkpoint_dir_and_resume(tiny_params):
+@pytest.mark.parametrize("block", ["metrics", "logging"])
+def test_a_block_automodel_does_not_read_is_an_error_not_dropped(tiny_params, block):
+    """AutoModel's hand-off used to strip `metrics:` and `logging:` silently."""
+    _, params = tiny_params(**{block: {"foo": 1}})
+    with pytest.raises(ConfigError, match=f"unknown AutoModel key '{block}'"):
+        _plan(params)
+
+
+def test_three_mistakes_are_reported_together(tiny_params):
+    _, params = tiny_params(flow_matchng={}, fsdp={"activation_checkpointng": True}, optimizer={"weight_decya": 0.1})
+    with pytest.raises(ConfigError) as error:
+        _plan(params)
+    assert len(error.value.lines()) == 3
+    assert {e.key for e in error.value.errors} == {"flow_matchng", "fsdp.activation_checkpointng",
+                                                    "optimizer.weight_decya"}
+
+
+def test_primus_owns_mode_checkpoint_dir_and_backend(tiny_params):
     _, params = tiny_params(checkpoint={"checkpoint_dir": "/elsewhere"})
-    cfg = _handoff(params, resume=True).automodel
+    cfg = _handoff(params)
     assert cfg["model"]["mode"] == "pretrain"
     assert cfg["checkpoint"]["checkpoint_dir"] == "/run/checkpoints"
-    assert cfg["checkpoint"]["restore_from"] == "LATEST"
     assert cfg["dist_env"]["backend"] == "gloo"
-    finetune = _handoff(params, stage="finetune").automodel
+    finetune = _handoff(params, stage="finetune")
     assert finetune["model"]["mode"] == "finetune" and "pipeline_spec" not in finetune["model"]
     with pytest.raises(ConfigError, match="contradicts stage"):
         _handoff({**params, "model": {**params["model"], "mode": "finetune"}})
@@ -55,7 +74,7 @@ def test_primus_owns_mode_checkpoint_dir_and_resume(tiny_params):
 def test_pretrain_reads_boundary_ratio_from_the_pipeline(tiny_params):
     _, params = tiny_params(model={"stage": "low_noise"})
     del params["model"]["boundary_ratio"], params["model"]["pipeline_spec"]
-    model = _handoff(params).automodel["model"]
+    model = _handoff(params)["model"]
     assert model["boundary_ratio"] == 0.875 and model["pipeline_spec"]["subfolder"] == "transformer_2"
 
 
@@ -72,13 +91,13 @@ def test_pretrain_reads_boundary_ratio_from_the_pipeline(tiny_params):
 def test_unknown_automodel_keys_are_errors(tiny_params, override, message):
     _, params = tiny_params(**override)
     with pytest.raises(ConfigError, match=re.escape(message)):
-        AutoModelAdapter().validate(ModuleConfig("pre_trainer", "nemo_automodel", "pretrain", params))
+        _plan(params)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_validates(example):
-    stage, params = load_example(example)
-    AutoModelAdapter().validate(ModuleConfig("pre_trainer", "nemo_automodel", stage, params))
+    stage, params = resolve_example(example)
+    _plan(params, stage)
 
 
 def test_schema_matches_the_recipe_source():
@@ -95,4 +114,4 @@ def test_schema_matches_the_recipe_source():
 def test_missing_engine_names_the_extra(monkeypatch):
     monkeypatch.setattr(AutoModelAdapter, "installed_version", lambda self: None)
     with pytest.raises(ConfigError, match=r"primus prepare automodel"):
-        AutoModelAdapter().validate(ModuleConfig("pre_trainer", "nemo_automodel", "pretrain", {}))
+        _plan({})

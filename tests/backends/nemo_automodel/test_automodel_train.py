@@ -2,20 +2,20 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from automodel_harness import run_adapter
 from primus.config.errors import ConfigError
+from tests.helpers import read_metrics, train_in_process, train_with_torchrun
 
 pytestmark = pytest.mark.e2e
-HARNESS = Path(__file__).with_name("automodel_harness.py")
+
+
+def run_adapter(params: dict, stage: str, run_dir: Path, resume: bool = False) -> list[dict]:
+    """One rank through the real worker (``train_worker``), in this process."""
+    return train_in_process(run_dir, "nemo_automodel", params, stage=stage, resume=resume)
 
 
 def _digest(path: Path) -> str:
@@ -72,17 +72,11 @@ def test_checkpoint_resume_continues_from_saved_step(tiny_params, tmp_path):
 
 def test_two_ranks_fsdp2_over_gloo(tiny_params, tmp_path):
     _, params = tiny_params()
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"params": params, "stage": "pretrain", "run_dir": str(tmp_path / "run")}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    proc = subprocess.run(
-        ["timeout", "-k", "10", "300", sys.executable, "-m", "torch.distributed.run", "--standalone",
-         "--nproc-per-node", "2", str(HARNESS), str(spec)],
-        capture_output=True, text=True, env=env, timeout=320)
+    proc = train_with_torchrun(tmp_path / "run", "nemo_automodel", params, nproc=2)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    assert "HARNESS DONE rank=0" in out and "HARNESS DONE rank=1" in out
-    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all((tmp_path / "run" / "logs" / "pre_trainer" / f"rank-{r}" / "info.log").exists() for r in (0, 1))
+    metrics = read_metrics(tmp_path / "run")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["extra"]["micro_batches"] == 1 for m in metrics)  # dp=2: one micro-batch per rank
     assert all(m["samples_per_sec_per_gpu"] * 2 == pytest.approx(m["samples_per_sec"]) for m in metrics)

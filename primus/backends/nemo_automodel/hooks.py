@@ -1,11 +1,12 @@
-"""Per-optimizer-step metrics out of ``TrainDiffusionRecipe``, whose loop returns nothing.
+"""Primus's step seam in ``TrainDiffusionRecipe``, whose loop returns nothing and has no callbacks.
 
-Two hooks on the objects ``setup()`` built, no change to AutoModel's code:
-  * the recipe's ``flow_matching_pipeline.step`` (an instance attribute wrapper) hands over each
-    training micro-batch's loss and batch size;
-  * ``torch.optim.Optimizer.register_step_post_hook`` on the last optimizer fires once per
-    optimizer step, after the update: the micro-batch losses are averaged over all ranks there
-    (one all-reduce; every rank steps its optimizer in lockstep) and a ``StepReport`` goes out.
+  * ``torch.optim.Optimizer.register_step_post_hook`` on the last optimizer (torch's extension
+    point) fires once per optimizer step, after the update: the micro-batch losses are averaged
+    over all ranks there (one all-reduce; every rank steps its optimizer in lockstep), a
+    ``StepReport`` goes out, and a stop request sets the step scheduler's own ``sigterm_flag``
+    (AutoModel then checkpoints this step and ends the loop);
+  * the micro-batch losses come from ``patches.tap_flow_matching_step`` — AutoModel offers no
+    hook for them, so that one is a named patch.
 
 step_time runs from the step's first forward to the end of its optimizer update, so it
 excludes checkpoint saves and validation between steps.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from primus.backends.nemo_automodel.patches import tap_flow_matching_step
 from primus.runtime.metrics import StepReport
 
 _BATCH_KEYS = ("video_latents", "image_latents", "latents", "text_embeddings")
@@ -43,20 +45,14 @@ class StepTap:
         self._world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self._on_cuda = torch.device(getattr(recipe, "device", "cpu")).type == "cuda"
 
-        pipeline = recipe.flow_matching_pipeline
-        original_step = pipeline.step
-
-        def step(*args, **kwargs):
-            out = original_step(*args, **kwargs)
-            if torch.is_grad_enabled():  # validation runs under no_grad: not a training micro-batch
-                if self._start is None:
-                    self._start = time.perf_counter()
-                self._losses.append(out[1].detach().float())
-                self._samples += _batch_size(kwargs.get("batch", args[1] if len(args) > 1 else {}))
-            return out
-
-        pipeline.step = step
+        self._untap = tap_flow_matching_step(recipe.flow_matching_pipeline, self._on_micro_batch)
         self._handle = recipe.optimizer[-1].register_step_post_hook(self._after_optimizer_step)
+
+    def _on_micro_batch(self, loss: Any, batch: dict[str, Any]) -> None:
+        if self._start is None:
+            self._start = time.perf_counter()
+        self._losses.append(loss.detach().float())
+        self._samples += _batch_size(batch)
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         import torch
@@ -90,4 +86,4 @@ class StepTap:
 
     def close(self) -> None:
         self._handle.remove()
-        self.recipe.flow_matching_pipeline.__dict__.pop("step", None)
+        self._untap()

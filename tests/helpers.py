@@ -1,0 +1,75 @@
+"""One way for tests to find a run's files and to train a module through the real worker path.
+
+``train_worker`` (``primus.runtime.train``) is what every rank of ``primus train`` runs: it reads
+``config.resolved.yaml``, rebuilds the adapter's plan and runs it. These helpers write that file
+for a bare params dict, so engine tests exercise the same code as ``primus train`` without an
+experiment file (no copy of the worker in the tests).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_dir_of(workspace: Path, exp_name: str, work_group: str = "amd", user_name: str = "root") -> Path:
+    return Path(workspace) / work_group / user_name / exp_name
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The metrics.jsonl records of a run, oldest first ([] when none was written)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [record["loss"] for record in read_metrics(run_dir)]
+
+
+def write_run(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
+              module: str = "pre_trainer", resume: bool = False) -> Path:
+    """A run dir holding ``config.resolved.yaml`` for one module and the worker's payload; returns the payload."""
+    from primus.runtime.rundir import write_resolved_config
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tree = {"work_group": "test", "user_name": "test", "exp_name": run_dir.name, "workspace": str(run_dir.parent),
+            "modules": {module: {"framework": framework, "stage": stage, "config": None, "model": None,
+                                 "params": params}}}
+    write_resolved_config(run_dir, tree)
+    payload = run_dir / "launch.json"
+    payload.write_text(json.dumps({"run_dir": str(run_dir), "module": module, "resume": resume}))
+    return payload
+
+
+def train_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
+                     resume: bool = False) -> list[dict[str, Any]]:
+    """One rank, in this process (engines imported once per test session); returns the metrics."""
+    from primus.runtime.train import train_worker
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
+    assert train_worker(json.loads(payload.read_text())) == 0
+    return read_metrics(run_dir)
+
+
+def train_with_torchrun(run_dir: Path, framework: str, params: dict[str, Any], *, nproc: int = 1,
+                        stage: str = "pretrain", resume: bool = False, timeout: int = 300,
+                        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``nproc`` ranks under ``torch.distributed.run`` running the real worker; the output is kept in
+    ``run_dir/output.log``."""
+    payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                **(env or {})}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "primus.runtime.worker", "primus.runtime.train:train_worker", str(payload)]
+    result = subprocess.run(["timeout", "-k", "10", str(timeout), *command], capture_output=True, text=True,
+                            env=full_env)
+    (Path(run_dir) / "output.log").write_text(result.stdout + result.stderr)
+    return result

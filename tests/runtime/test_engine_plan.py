@@ -1,0 +1,85 @@
+"""One plan per launch: built once per process, read by every command, one FLOPs convention."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, read_metrics, run_dir_of
+
+BACKENDS = ROOT / "primus" / "backends"
+TINY = {"torchtitan": ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml",
+        "megatron": ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"}
+
+COUNT_PARSES = """
+import json, sys
+import primus.backends.megatron.arguments as arguments
+from primus.cli.main import main
+calls = []
+original = arguments.parse_args
+arguments.parse_args = lambda *a, **k: calls.append(1) or original(*a, **k)
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "parses": len(calls)}))
+"""
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (function-level imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("package,forbidden", [
+    ("backends", ("primus.preflight", "primus.launch", "primus.cli")),
+    ("plan", ("primus.preflight", "primus.launch", "primus.cli", "primus.runtime", "primus.backends")),
+    ("runtime", ("primus.preflight", "primus.launch", "primus.cli")),
+    ("config", ("primus.preflight", "primus.launch", "primus.cli", "primus.runtime", "primus.backends")),
+])
+def test_dependency_arrows_point_one_way(package, forbidden):
+    bad = {str(path.relative_to(ROOT)): sorted(m for m in _imports(path) if m.startswith(forbidden))
+           for path in (ROOT / "primus" / package).rglob("*.py")}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+@pytest.mark.e2e
+def test_megatron_arguments_are_parsed_once_per_process(tmp_path):
+    """`config validate`, `train --dry-run` and a one-rank `train` (its worker runs in the launcher's
+    process and takes the launcher's plan) each parse the Megatron arguments exactly once."""
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path / "cache")}
+    results = {}
+    for name, args in {"validate": ["config", "validate", str(TINY["megatron"])],
+                       "dry-run": ["train", str(TINY["megatron"]), "--dry-run"],
+                       "train": ["train", str(TINY["megatron"]), "train_iters=3", "exp_name=once"]}.items():
+        out = subprocess.run([sys.executable, "-c", COUNT_PARSES, *args], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=600)
+        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results == {name: {"code": 0, "parses": 1} for name in results}
+
+
+@pytest.mark.e2e
+def test_one_flops_convention_for_every_llm_backend(run_primus, workspace):
+    """The same network on TorchTitan and Megatron: `primus plan` prints the same FLOPs per token,
+    and each run reports exactly that number (so MFU compares across engines)."""
+    planned = {}
+    for backend, example in TINY.items():
+        result = run_primus("plan", example, "--json")
+        assert result.returncode == 0, result.stderr
+        planned[backend] = json.loads(result.stdout)["flops"]["per_token"]
+    assert planned["torchtitan"] == planned["megatron"]
+    for backend, example in TINY.items():
+        steps = ["training.steps=2"] if backend == "torchtitan" else ["train_iters=3"]
+        result = run_primus("train", example, f"exp_name=flops-{backend}", *steps)
+        assert result.returncode == 0, result.stderr[-2000:]
+        for record in read_metrics(run_dir_of(workspace, f"flops-{backend}")):
+            reported = record["tflops"] * 1e12 / record["tokens_per_sec"]  # one rank: FLOPs per token
+            assert reported == pytest.approx(planned[backend], rel=1e-6)
