@@ -127,11 +127,12 @@ def post_training(params: dict[str, Any], stage: str, *, prefix: str = "modules.
                   provenance=None) -> MegatronPostTraining | None:
     """The post-training part of a module section (None for a plain pretraining run)."""
     keys = _keys(params, prefix, provenance)
+    where = f"{provenance.describe(prefix + '.sft_dataset_name')}: " if provenance is not None else ""
     if stage == "sft" and not keys.sft_dataset_name:
-        raise ConfigError(f"{prefix}.sft_dataset_name: stage sft needs instruction data (a JSONL file or folder)")
+        raise ConfigError(f"{where}{prefix}.sft_dataset_name: stage sft needs instruction data (a JSONL file or folder)")
     if stage != "sft" and keys.sft_dataset_name:
-        raise ConfigError(f"{prefix}.sft_dataset_name: instruction data is read by stage: sft (this module's stage "
-                          f"is {stage})")
+        raise ConfigError(f"{where}{prefix}.sft_dataset_name: instruction data is read by stage: sft (this module's "
+                          f"stage is {stage})")
     if not keys.hf_path and stage != "sft":
         return None
     sft = None

@@ -66,6 +66,8 @@ class MegatronAdapter(BackendAdapter):
 
         validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
                        f"modules.{module.name}.primus")
+        # [#15] stage sft needs instruction data, and the post-training keys their types
+        post_training(module.params, module.stage, prefix=f"modules.{module.name}", provenance=provenance)
         if is_post_training(module.params) and tiny_assets_dir(module.params) is not None:
             _build_tiny_sft_assets(module, lambda message: None)  # [#15] the model is read from the files it builds
         derived: list[tuple[str, Any, str]] = []
