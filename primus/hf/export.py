@@ -129,7 +129,65 @@ def _torchtitan(run_dir: Path, name: str, section: dict[str, Any], step: int | N
     return adapter.to_hf(tensors), spec, hf_source(params), tokenizer, path, step
 
 
-EXPORTERS = {"megatron": _megatron, "torchtitan": _torchtitan}
+# -- NeMo AutoModel (LLM recipe) ------------------------------------------------------------------
+def merge_lora(base: dict[str, Any], adapter_dir: Path) -> dict[str, Any]:
+    """``W + (alpha / r) * B @ A`` for every LoRA pair of a PEFT-format adapter (AutoModel's save)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    if config.get("use_dora"):
+        raise ConfigError(f"{adapter_dir}: DoRA adapters cannot be merged by primus export")
+    scale = config["lora_alpha"] / config["r"]
+    adapter = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    merged = dict(base)
+    for key, lora_a in adapter.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        name = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight") + ".weight"
+        if name not in merged:
+            raise ConfigError(f"{adapter_dir}: LoRA adapter for {name}, which the base model does not have")
+        lora_b = adapter[key.replace(".lora_A.", ".lora_B.")]
+        weight = merged[name]
+        merged[name] = (weight.float() + scale * (lora_b.float() @ lora_a.float())).to(weight.dtype)
+    return merged
+
+
+def _automodel(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
+    from primus.hf.checkpoint import HFCheckpoint
+    from primus.hf.config import model_spec_from_hf
+
+    params = section["params"]
+    model = (params.get("model") or {}).get("pretrained_model_name_or_path")
+    tiny = (params.get("primus") or {}).get("tiny_assets")
+    if not model and tiny:
+        model = str(Path(tiny).expanduser() / "hf" / "llama_tiny")
+    if not model or not Path(model).expanduser().is_dir():
+        raise ConfigError(f"{run_dir}: export needs the run's base model as a local folder (got {model!r})")
+    source = Path(model).expanduser().absolute()
+    root = run_dir / "checkpoints"
+    steps = {int(m.group(1)) + 1: p / "model" for p in root.glob("epoch_*_step_*")
+             if (m := re.fullmatch(r"epoch_\d+_step_(\d+)", p.name)) and (p / "model").is_dir()}
+    step, path = _pick_step(steps, step, root)
+    base = HFCheckpoint(source)
+    spec = model_spec_from_hf(base.config)
+    if (path / "adapter_model.safetensors").exists():
+        tensors = merge_lora(dict(base.tensors()), path)
+    else:
+        folder = path / "consolidated" if (path / "consolidated").is_dir() else path
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ConfigError(f"{path}: no safetensors weights (set checkpoint.save_consolidated: true)")
+        from safetensors.torch import load_file
+
+        tensors = {}
+        for file in files:
+            tensors.update(load_file(str(file)))
+    return tensors, spec, source, str(source), path, step
+
+
+EXPORTERS = {"megatron": _megatron, "torchtitan": _torchtitan, "nemo_automodel": _automodel}
 
 
 def _config(source: Path | None, spec: ModelSpec, dtype: str, tokenizer: str | None) -> dict[str, Any]:
