@@ -6,9 +6,6 @@ from pathlib import Path
 
 from primus.cli.plugins import register_optional
 
-# Backend-specific data commands, each exposing register(actions). Optional ones may be absent.
-DATA_COMMANDS = ["primus.backends.megatron.data_cli", "primus.data.diffusion.cli"]
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("data", help="prepare datasets and tokenizers")
@@ -17,7 +14,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiny.add_argument("out", type=Path)
     tiny.add_argument("--docs", type=int, default=2000)
     tiny.set_defaults(handler=_tiny)
-    register_optional(DATA_COMMANDS, actions)
+    from primus.runtime.registry import adapter_classes
+
+    # each backend brings its own data commands (BackendAdapter.data_commands)
+    register_optional([module for adapter in adapter_classes() for module in adapter.data_commands], actions)
 
 
 def _tiny(args: argparse.Namespace, _overrides: list[str]) -> int:

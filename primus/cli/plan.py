@@ -54,7 +54,11 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
 def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
     from primus.preflight.cli import load_experiment
 
-    model, layout = load_experiment(args.exp, overrides, args.module)
+    import os
+
+    env = os.environ  # the launcher's world: WORLD_SIZE, else GPUS_PER_NODE x NNODES
+    world = int(env.get("WORLD_SIZE") or int(env.get("GPUS_PER_NODE", "1")) * int(env.get("NNODES", "1")))
+    model, layout = load_experiment(args.exp, overrides, args.module, world)
     text, code = run_plan(model, layout, args.device, args.thresholds, args.json)
     print(text, file=sys.stdout)
     return code

@@ -17,7 +17,7 @@ from typing import Any
 
 from primus.config.errors import ConfigError
 from primus.config.overrides import overrides_layer, parse_overrides
-from primus.config.presets import CONFIGS_ROOT, display_path, find_preset, load_with_extends
+from primus.config.presets import CONFIGS_ROOT, find_preset, load_with_extends
 from primus.config.provenance import Provenance, Source, merge_layer
 from primus.config.schema import ExperimentSpec, ModuleSpec, validate_model
 from primus.config.secrets import redact_tree
@@ -169,6 +169,3 @@ def format_why(resolved: ResolvedExperiment, key: str) -> str:
         raise ConfigError(f"--why {key}: no such key in the resolved config")
     return "\n".join(lines)
 
-
-def describe_source(resolved: ResolvedExperiment) -> str:
-    return display_path(resolved.source)

@@ -73,6 +73,14 @@ def pydantic_error_to_config_error(
     """Every mistake pydantic found, one line each; an unknown key first (it usually explains a
     "missing" one: a typo)."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    meant = set()  # a key that is "missing" because of a typo is the same mistake: said once
+    for error in errors:
+        if error["type"] == "extra_forbidden":
+            loc = tuple(error["loc"])
+            hint = did_you_mean(str(loc[-1]), _fields_at(model, loc[:-1]))
+            if hint:
+                meant.add((*loc[:-1], hint.split("'")[1]))
+    errors = [e for e in errors if not (e["type"] == "missing" and tuple(e["loc"]) in meant)]
     return ConfigError.of_all(_one_error(error, model, provenance, prefix) for error in errors)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from primus.prepare.pip import EXTRAS, prepare
+from primus.prepare.pip import extras, prepare
 
 
 def _run(args: argparse.Namespace, _overrides: list[str] | None = None) -> int:
@@ -15,7 +15,7 @@ def register(subparsers) -> None:
         "prepare", help="install a backend's pinned stack without replacing the installed torch",
         description="Installs requirements/<extra>.txt with a pip constraint file that freezes the torch, "
                     "torchvision, torchaudio and triton already installed (a GPU image's ROCm/CUDA build).")
-    p.add_argument("extra", choices=sorted(EXTRAS))
+    p.add_argument("extra", choices=extras())
     p.add_argument("--dry-run", action="store_true", help="print the pip commands and the constraint file")
     p.add_argument("--force", action="store_true", help="run pip even when the pins are already installed")
     p.add_argument("--quiet", action="store_true", help="only pip's errors")

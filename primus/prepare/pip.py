@@ -8,7 +8,7 @@ those distributions to the versions installed right now.
 Requirement files are ``requirements/<extra>.txt``. A line ending in ``# primus: no-deps`` is
 installed in a second pip call with ``--no-deps`` (for wheels whose declared dependencies are
 wrong for us, e.g. nemo-automodel drags a CUDA torch); the others' dependencies are pinned in
-the same file. Standard library only: ``dev.py`` may use it before the venv exists.
+the same file. Nothing here imports pydantic or an engine (``primus --help`` lists the extras).
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
-EXTRAS = {"torchtitan": "torchtitan.txt", "megatron": "megatron.txt", "automodel": "automodel.txt"}
 FROZEN = ("torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm")
 NO_DEPS_MARK = "# primus: no-deps"
 _PIN = re.compile(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;#]+)")
@@ -55,10 +54,18 @@ def frozen_pins(names: tuple[str, ...] = FROZEN) -> list[str]:
     return [f"{name}=={v}" for name in names if (v := installed_version(name))]
 
 
+def extras() -> list[str]:
+    """The installable extras: each backend adapter names its own (``requirements/<extra>.txt``)."""
+    from primus.runtime.registry import adapter_classes
+
+    return sorted({adapter.extra for adapter in adapter_classes()})
+
+
 def plan(extra: str, requirements_dir: Path = REQUIREMENTS) -> Plan:
-    if extra not in EXTRAS:
-        raise ValueError(f"unknown extra '{extra}'; known: {', '.join(EXTRAS)}")
-    lines = (requirements_dir / EXTRAS[extra]).read_text().splitlines()
+    known = extras()
+    if extra not in known:
+        raise ValueError(f"unknown extra '{extra}'; known: {', '.join(known)}")
+    lines = (requirements_dir / f"{extra}.txt").read_text().splitlines()
     with_deps, no_deps = [], []
     for raw in lines:
         line = raw.split("#", 1)[0].strip()

@@ -96,6 +96,8 @@ class BackendAdapter(ABC):
     import_probe: ClassVar[str | None] = None
     stages: ClassVar[tuple[str, ...]] = ("pretrain",)
     stage_aliases: ClassVar[dict[str, str]] = {}
+    # modules exposing ``register(actions)`` that add this backend's ``primus data`` commands
+    data_commands: ClassVar[tuple[str, ...]] = ()
 
     def installed_version(self) -> str | None:
         try:

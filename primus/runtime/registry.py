@@ -23,6 +23,11 @@ def available_backends() -> list[str]:
     return sorted(_entry_points())
 
 
+def adapter_classes() -> list[type[BackendAdapter]]:
+    """Every installed backend's adapter class (cheap: engines are imported inside methods)."""
+    return [_entry_points()[name].load() for name in available_backends()]
+
+
 def get_adapter(framework: str, where: str = "framework") -> BackendAdapter:
     entry = _entry_points().get(framework)
     if entry is None:

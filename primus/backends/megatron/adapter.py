@@ -50,6 +50,7 @@ class MegatronAdapter(BackendAdapter):
     extra = "megatron"
     stages = ("pretrain", "sft")
     stage_aliases = {"train": "pretrain"}
+    data_commands = ("primus.backends.megatron.data_cli",)
 
     def defaults(self, stage: str) -> dict[str, Any]:
         from primus.backends.megatron.arguments import default_args
@@ -102,14 +103,15 @@ class MegatronAdapter(BackendAdapter):
             check_post_training_inputs(plan, provenance=provenance)
         if tiny_assets_dir(plan.module.params) is not None:
             return  # built by prepare() before the ranks start
-        from primus.backends.megatron.data import blend_prefixes
+        from primus.backends.megatron.data import DATA_KEYS, data_prefixes
 
         args, prefix = plan.engine_config, f"modules.{plan.module.name}"
         checks = []
         if args.tokenizer_model:
             checks.append(("tokenizer_model", Path(args.tokenizer_model)))
-        if not args.mock_data:
-            checks += [("data_path", Path(f"{p}.idx")) for p in blend_prefixes(args.data_path or [])]
+        # data_path and train/valid/test_data_path
+        checks += [(key, Path(f"{p}.idx"))
+                   for key, p in data_prefixes({key: getattr(args, key) for key in (*DATA_KEYS, "mock_data")})]
         if args.load:
             checks.append(("load", Path(args.load)))
         for key, path in checks:
@@ -130,7 +132,7 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.trainer import train
 
         post = post_training(plan.module.params, plan.module.stage, prefix=f"modules.{plan.module.name}")
-        train(plan.engine_config, ctx, post)  # [#15 SFT/HF hook] post: HF weights / instruction data, or None
+        train(plan.engine_config, ctx, plan.module.name, post)  # [#15 SFT/HF hook] post: HF weights / instructions
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:

@@ -138,7 +138,7 @@ def _state_dict(chunks, optimizer, scheduler, *, iteration: int, consumed_sample
 
 
 def save_checkpoint(root: Path, chunks, optimizer, scheduler, *, iteration: int, consumed_samples: int,
-                    use_distributed_optimizer: bool, save_optimizer: bool = True) -> Path:
+                    use_distributed_optimizer: bool, save_optimizer: bool = True, save_rng: bool = True) -> Path:
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
@@ -148,7 +148,7 @@ def save_checkpoint(root: Path, chunks, optimizer, scheduler, *, iteration: int,
     dist.barrier()
     state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=consumed_samples,
                         use_distributed_optimizer=use_distributed_optimizer, is_loading=False,
-                        with_optimizer=save_optimizer, with_rng=True)
+                        with_optimizer=save_optimizer, with_rng=save_rng)
     dist_checkpointing.save(state, str(target))
     dist.barrier()
     if dist.get_rank() == 0:

@@ -56,8 +56,13 @@ def build_tokenizer(args: MegatronArgs):
     return NullTokenizer(args.vocab_size)
 
 
-def blend(data_path: list[str]) -> tuple[list[str], list[float] | None]:
+def _as_list(paths) -> list[str]:
+    return [paths] if isinstance(paths, str) else list(paths or [])
+
+
+def blend(data_path) -> tuple[list[str], list[float] | None]:
     """Megatron-LM's ``--data-path`` form: ``[prefix ...]`` or ``[weight prefix weight prefix ...]``."""
+    data_path = _as_list(data_path)
     try:
         weights = [float(x) for x in data_path[0::2]]
     except ValueError:
@@ -67,32 +72,58 @@ def blend(data_path: list[str]) -> tuple[list[str], list[float] | None]:
     return list(data_path[1::2]), weights
 
 
-def blend_prefixes(data_path: list[str]) -> list[str]:
+def blend_prefixes(data_path) -> list[str]:
     return blend(data_path)[0] if data_path else []
 
 
+DATA_KEYS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+
+
+def data_prefixes(params: dict) -> list[tuple[str, str]]:
+    """(key, prefix) of every indexed dataset the arguments name (before validation: plain data)."""
+    if params.get("mock_data"):
+        return []
+    return [(key, prefix) for key in DATA_KEYS for prefix in blend_prefixes(params.get(key))]
+
+
+def _dataset_blends(args: MegatronArgs):
+    """(blend, blend_per_split) as Megatron-LM's ``get_blend_and_blend_per_split``."""
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    if args.mock_data:
+        return None, None
+    for key, prefix in data_prefixes({key: getattr(args, key) for key in (*DATA_KEYS, "mock_data")}):
+        if not Path(prefix + ".bin").exists() or not Path(prefix + ".idx").exists():
+            raise ConfigError(f"{key}: {prefix}.bin/.idx not found (build them with `primus data build-indexed`)")
+    if args.data_path:
+        return get_blend_from_list(_as_list(args.data_path)), None
+    per_split = [get_blend_from_list(_as_list(p)) if p else None
+                 for p in (args.train_data_path, args.valid_data_path, args.test_data_path)]
+    return None, per_split
+
+
 def build_datasets(args: MegatronArgs, tokenizer, global_batch_size: int, dp_size: int):
-    """(train, valid, test) datasets with enough samples for ``train_iters`` and evaluation."""
+    """(train, valid, test) datasets with enough samples for ``train_iters`` and evaluation, from
+    ``data_path`` + ``split`` or from ``train/valid/test_data_path`` (one blend per split)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
-    data_blend = None
-    if not args.mock_data:
-        data_blend = blend(args.data_path)
-        for prefix in data_blend[0]:
-            if not Path(prefix + ".bin").exists() or not Path(prefix + ".idx").exists():
-                raise ConfigError(f"data_path: {prefix}.bin/.idx not found (build them with `primus data build-indexed`)")
+    data_blend, blend_per_split = _dataset_blends(args)
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,
         blend=data_blend,
+        blend_per_split=blend_per_split,
         split=args.split if data_blend else None,
         path_to_cache=args.data_cache_path,
+        mmap_bin_files=args.mmap_bin_files,
+        num_dataset_builder_threads=args.num_dataset_builder_threads,
+        mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         tokenizer=tokenizer,
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=True,
+        create_attention_mask=args.create_attention_mask_in_dataloader,
         data_parallel_size=dp_size,
     )
     evaluations = (args.train_iters // args.eval_interval + 1) if args.eval_interval else 0

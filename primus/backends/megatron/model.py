@@ -32,16 +32,17 @@ def padded_vocab_size(vocab_size: int, args: MegatronArgs) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def use_transformer_engine(args: MegatronArgs, on_gpu: bool) -> bool:
-    if args.transformer_impl == "local":
-        return False
+def use_transformer_engine(args: MegatronArgs, on_gpu: bool, derived: Derived | None = None) -> bool:
+    """Megatron-LM's default is Transformer Engine; where it is not importable on a GPU (always on
+    CPU) megatron-core's local spec builds the same layers, and a derived line says so."""
     available = on_gpu and importlib.util.find_spec("transformer_engine") is not None
-    if args.transformer_impl == "transformer_engine" and not available:
-        from primus.config.errors import ConfigError
-
-        raise ConfigError("transformer_impl: transformer_engine needs a GPU and Transformer Engine installed; "
-                          "use transformer_impl: local")
-    return available
+    use = args.transformer_impl == "transformer_engine" and available
+    if derived is not None:
+        reason = ("Transformer Engine on GPU" if use else f"transformer_impl: {args.transformer_impl}"
+                  if args.transformer_impl == "local" else
+                  "no GPU / Transformer Engine here: megatron-core's local layer spec (same math)")
+        derived.set("transformer_impl", "transformer_engine" if use else "local", reason)
+    return use
 
 
 def params_dtype(args: MegatronArgs):
@@ -70,100 +71,197 @@ def _kernel_installed(module: str | None) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def fusion_flags(on_gpu: bool, derived: Derived) -> dict[str, bool]:
-    """The fusion flags, on as Megatron-LM sets them on a GPU, but each only where its kernel is
-    installed: megatron-core refuses (RoPE) or crashes at the first step (softmax, norm) otherwise."""
+def requested_fusions(args: MegatronArgs) -> dict[str, bool]:
+    """The fusion flags Megatron-LM's arguments ask for (core_transformer_config_from_args)."""
+    return {
+        "bias_activation_fusion": args.bias_swiglu_fusion if args.swiglu else args.bias_gelu_fusion,
+        "bias_dropout_fusion": args.bias_dropout_fusion,
+        "masked_softmax_fusion": args.masked_softmax_fusion,
+        "persist_layer_norm": not args.no_persist_layer_norm,
+        "apply_rope_fusion": args.apply_rope_fusion,
+        "gradient_accumulation_fusion": args.gradient_accumulation_fusion,
+    }
+
+
+def fusion_flags(args: MegatronArgs, on_gpu: bool, derived: Derived) -> dict[str, bool]:
+    """The fusions the arguments ask for, each only where its kernel is installed: megatron-core
+    refuses (RoPE) or crashes at the first step (softmax, norm) otherwise. Same math either way."""
+    requested = requested_fusions(args)
     if not on_gpu:
-        derived.set("fused_kernels", False, "CPU: bias/activation, softmax, layer-norm, RoPE fusions and "
-                    "gradient_accumulation_fusion are CUDA kernels")
+        if any(requested.values()):
+            derived.set("fused_kernels", False, "CPU: bias/activation, softmax, layer-norm, RoPE fusions and "
+                        "gradient_accumulation_fusion are CUDA kernels")
         return dict.fromkeys(_FUSION_KERNELS, False)
-    flags = {name: _kernel_installed(module) for name, module in _FUSION_KERNELS.items()}
-    off = [name for name, on in flags.items() if not on]
+    flags = {name: want and _kernel_installed(_FUSION_KERNELS[name]) for name, want in requested.items()}
+    off = [name for name, on in flags.items() if requested[name] and not on]
     if off:
         derived.set("fusions_off", ",".join(off), "their kernels (Transformer Engine, Apex, Megatron-LM's "
                     "compiled extensions) are not installed")
     return flags
 
 
-def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived):
-    """The TransformerConfig for ``args`` (names mapped as Megatron-LM's ``core_transformer_config_from_args``)."""
-    import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
+def _eval_layer_pattern(value, num_layers: int):
+    """Megatron-LM's ``moe_freq_type``: an int, a list, or a pattern string such as "[1]*3+[0]"
+    (Megatron-LM evaluates it; here only list literals, integers, ``+`` and ``*`` are allowed)."""
+    if not isinstance(value, str):
+        return value
+    import ast
 
-    ffn = args.ffn_hidden_size
-    if ffn is None:
-        # Megatron-LM's default: 4h, or for SwiGLU 2/3 of that rounded down to a multiple of 64.
-        ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
-        derived.set("ffn_hidden_size", ffn, "not set: Megatron-LM default from hidden_size")
-    fusions = fusion_flags(on_gpu, derived)
+    def evaluate(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.List):
+            return [evaluate(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = evaluate(node.left), evaluate(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(value)
+
+    try:
+        pattern = evaluate(ast.parse(value.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, TypeError):
+        from primus.config.errors import ConfigError
+
+        raise ConfigError(f"moe_layer_freq: cannot read the layer pattern {value!r} (e.g. 2, or \"[1]*{num_layers}\")")
+    return pattern
+
+
+def grouped_gemm_available(use_te: bool) -> bool:
+    """megatron-core's grouped experts: TEGroupedMLP (Transformer Engine) or the legacy GroupedMLP
+    (the ``grouped_gemm`` package, CUDA only)."""
+    if use_te:
+        return True
+    import torch
+
+    return torch.cuda.is_available() and importlib.util.find_spec("grouped_gemm") is not None
+
+
+def _activation(args, kw: dict) -> None:
+    """Megatron-LM's activation choice (core_transformer_config_from_args)."""
+    import torch.nn.functional as F
+
+    if args.swiglu:
+        kw.update(activation_func=F.silu, gated_linear_unit=True)
+    elif args.squared_relu:
+        from megatron.core.activations import squared_relu
+
+        kw["activation_func"] = squared_relu
+    elif args.quick_geglu:
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        kw.update(activation_func=quick_gelu, gated_linear_unit=True)
+    else:
+        kw["activation_func"] = F.gelu
+
+
+def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived, use_te: bool = False):
+    """The (MLA)TransformerConfig for ``args``, filled as Megatron-LM's ``core_transformer_config_from_args``:
+    every implemented argument that names a config field is passed by name, then the renamed ones."""
+    import dataclasses
+
+    import torch
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    from primus.backends.megatron.support import IMPLEMENTED
+    from primus.backends.megatron.validate_args import virtual_pipeline_size
+
+    config_class = MLATransformerConfig if args.multi_latent_attention else TransformerConfig
+    names = {f.name for f in dataclasses.fields(config_class)}
+    kw = {key: getattr(args, key) for key, where in IMPLEMENTED.items() if where == "TransformerConfig" and key in names}
+    _activation(args, kw)
+    if args.init_method_xavier_uniform:
+        kw.update(init_method=torch.nn.init.xavier_uniform_, scaled_init_method=torch.nn.init.xavier_uniform_)
+    kw["num_query_groups"] = args.num_query_groups if args.group_query_attention else None
+    kw["num_moe_experts"] = args.num_experts
+    kw["moe_layer_freq"] = _eval_layer_pattern(args.moe_layer_freq, args.num_layers)
+    kw["num_layers_in_first_pipeline_stage"] = args.decoder_first_pipeline_num_layers
+    kw["num_layers_in_last_pipeline_stage"] = args.decoder_last_pipeline_num_layers
+    kw["virtual_pipeline_model_parallel_size"] = virtual_pipeline_size(args)
+    if args.rope_type is None:
+        kw.pop("rope_type", None)  # the config class's own default (MLA: yarn)
+    if args.num_experts:
+        grouped = args.moe_grouped_gemm and grouped_gemm_available(use_te)
+        if args.moe_grouped_gemm and not grouped:
+            derived.set("moe_grouped_gemm", False, "no Transformer Engine / grouped_gemm kernels here: "
+                        "megatron-core's SequentialMLP runs the same experts one by one")
+        kw["moe_grouped_gemm"] = grouped
+    if args.mtp_num_layers == 0:
+        kw["mtp_num_layers"] = None
+    dtype = params_dtype(args)
+    kw.update(fusion_flags(args, on_gpu, derived))
     if args.embedding_init_method_std is None and args.model is not None:
         derived.set("embedding_init_method_std", args.init_method_std,
                     "not set: megatron-core uses init_method_std; TorchTitan draws the same preset's embedding "
                     "with std 1.0 (set model.embedding_init_std for the same init on both)")
-    dtype = params_dtype(args)
-    return TransformerConfig(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        ffn_hidden_size=ffn,
-        num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups if args.group_query_attention else None,
-        kv_channels=args.kv_channels,
-        hidden_dropout=args.hidden_dropout,
-        attention_dropout=args.attention_dropout,
-        layernorm_epsilon=args.norm_epsilon,
-        normalization=args.normalization,
-        gated_linear_unit=args.swiglu,
-        activation_func=F.silu if args.swiglu else F.gelu,
-        add_bias_linear=not args.disable_bias_linear,
-        init_method_std=args.init_method_std,
-        embedding_init_method_std=args.embedding_init_method_std,
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        sequence_parallel=args.sequence_parallel,
+    return config_class(
+        **kw,
+        transformer_impl="transformer_engine" if use_te else "local",
         params_dtype=dtype,
         pipeline_dtype=dtype,
-        bf16=args.bf16,
-        fp16=args.fp16,
-        recompute_granularity=args.recompute_granularity,
-        recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers,
         use_cpu_initialization=not on_gpu,
-        **fusions,
         deallocate_pipeline_outputs=True,
     )
 
 
-def build_model(args: MegatronArgs, config, vocab_size: int, *, use_te: bool) -> list:
-    """GPTModel chunks for this rank (one, or one per virtual pipeline stage)."""
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
+def layer_spec(args: MegatronArgs, config, *, use_te: bool, vp_stage: int | None):
+    """The layer spec Megatron-LM's ``gpt_builder`` picks: megatron-core's decoder block spec for
+    MoE (dense and MoE layers by moe_layer_freq), its GPT layer spec otherwise."""
     from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
+    if args.num_experts:
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=use_te, normalization=args.normalization,
+                                          vp_stage=vp_stage)
     if use_te:
-        spec = get_gpt_layer_with_transformer_engine_spec(normalization=args.normalization)
+        return get_gpt_layer_with_transformer_engine_spec(
+            qk_layernorm=args.qk_layernorm, multi_latent_attention=args.multi_latent_attention)
+    return get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, multi_latent_attention=args.multi_latent_attention,
+                                    normalization=args.normalization)
+
+
+def mtp_spec(args: MegatronArgs, config, spec, *, use_te: bool, vp_stage: int | None):
+    """Multi-token prediction (DeepSeek V3): the last decoder layer's spec, as Megatron-LM's gpt_builder."""
+    if not args.mtp_num_layers:
+        return None
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs, get_gpt_mtp_block_spec
+
+    if args.num_experts:
+        last = get_gpt_decoder_layer_specs(config, use_transformer_engine=use_te,
+                                           normalization=args.normalization)[-1]
     else:
-        spec = get_gpt_layer_local_spec(normalization=args.normalization)
-    vpp = args.virtual_pipeline_model_parallel_size
+        last = spec
+    return get_gpt_mtp_block_spec(config, last, use_transformer_engine=use_te, vp_stage=vp_stage)
+
+
+def build_model(args: MegatronArgs, config, vocab_size: int, *, use_te: bool) -> list:
+    """GPTModel chunks for this rank (one, or one per virtual pipeline stage), as Megatron-LM's gpt_builder."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vpp or 1):
         stage = vp_stage if vpp else None
+        spec = layer_spec(args, config, use_te=use_te, vp_stage=stage)
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
             vocab_size=vocab_size,
-            max_sequence_length=args.max_position_embeddings or args.seq_length,
+            max_sequence_length=args.max_position_embeddings,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
             position_embedding_type=args.position_embedding_type,
             rotary_percent=args.rotary_percent,
-            rotary_base=int(args.rotary_base),
+            rotary_base=args.rotary_base,
             rope_scaling=args.use_rope_scaling,
             rope_scaling_factor=args.rope_scaling_factor,
+            seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
+            mtp_block_spec=mtp_spec(args, config, spec, use_te=use_te, vp_stage=stage),
             vp_stage=stage,
         )
         chunks.append(model)
@@ -191,6 +289,8 @@ def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,
+        check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+        bucket_size=args.ddp_bucket_size,
     )
     return [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
@@ -199,46 +299,42 @@ def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
 
 
 def build_optimizer(args: MegatronArgs, chunks: list):
+    """megatron-core's optimizer, its OptimizerConfig filled by field name as Megatron-LM's setup does."""
+    import dataclasses
+
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    config = OptimizerConfig(
-        optimizer=args.optimizer,
-        lr=args.lr,
-        min_lr=args.min_lr,
-        weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2,
-        adam_eps=args.adam_eps,
-        sgd_momentum=args.sgd_momentum,
-        clip_grad=args.clip_grad,
-        bf16=args.bf16,
-        fp16=args.fp16,
-        params_dtype=params_dtype(args),
-        loss_scale=args.loss_scale,
-        initial_loss_scale=args.initial_loss_scale,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-        overlap_param_gather=args.overlap_param_gather,
-    )
+    from primus.backends.megatron.support import IMPLEMENTED
+
+    names = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    kw = {key: getattr(args, key) for key, where in IMPLEMENTED.items() if where == "OptimizerConfig" and key in names}
+    config = OptimizerConfig(**kw, bf16=args.bf16, fp16=args.fp16, params_dtype=params_dtype(args))
     return get_megatron_optimizer(config, chunks)
 
 
 def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):
-    """Megatron-LM's iteration-based schedule, counted in samples (``get_optimizer_param_scheduler``)."""
+    """Megatron-LM's ``get_optimizer_param_scheduler`` for iteration-based training (steps in samples)."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    decay_iters = args.lr_decay_iters or args.train_iters
+    decay_steps = (args.lr_decay_iters or args.train_iters) * global_batch_size
+    if args.lr_warmup_fraction is not None:
+        warmup_steps = args.lr_warmup_fraction * decay_steps
+    else:
+        warmup_steps = args.lr_warmup_iters * global_batch_size
     return OptimizerParamScheduler(
         optimizer,
         init_lr=args.lr_warmup_init,
         max_lr=args.lr,
         min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * global_batch_size,
-        lr_decay_steps=decay_iters * global_batch_size,
+        lr_warmup_steps=warmup_steps,
+        lr_decay_steps=decay_steps,
         lr_decay_style=args.lr_decay_style,
-        start_wd=args.weight_decay,
-        end_wd=args.weight_decay,
+        start_wd=args.start_weight_decay,
+        end_wd=args.end_weight_decay,
         wd_incr_steps=args.train_iters * global_batch_size,
-        wd_incr_style="constant",
-        wsd_decay_steps=decay_iters * global_batch_size if args.lr_decay_style == "WSD" else None,
-        lr_wsd_decay_style="linear" if args.lr_decay_style == "WSD" else None,
+        wd_incr_style=args.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler,
+        wsd_decay_steps=args.lr_wsd_decay_iters * global_batch_size if args.lr_wsd_decay_iters else None,
+        lr_wsd_decay_style=args.lr_wsd_decay_style,
     )

@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from primus.backends.megatron import checkpoint as ckpt
-from primus.backends.megatron.arguments import MegatronArgs, check_parallel_layout
+from primus.backends.megatron.arguments import MegatronArgs
 from primus.backends.megatron.data import build_datasets, build_tokenizer, micro_batches
 from primus.backends.megatron.model import (
     Derived,
@@ -26,8 +26,15 @@ from primus.backends.megatron.model import (
     wrap_float16,
 )
 from primus.backends.megatron.plan import flops_per_step
+from primus.backends.megatron.moe import moe_step_metrics
+from primus.backends.megatron.support import run_time_notes
+from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
 from primus.config.errors import ConfigError
+from primus.runtime.context import NonFiniteLoss
 from primus.runtime.metrics import StepReport
+
+# megatron-core's DDP grad check (check_for_nan_in_grad) fails with these words in a RuntimeError.
+_NON_FINITE_GRAD = ("found NaN in local grad norm", "found Inf in local grad norm")
 
 
 def _init_process_group(ctx) -> bool:
@@ -84,19 +91,51 @@ def _global_loss(losses: list[dict], device: str) -> float:
     return (total[0] / total[1].clamp(min=1)).item()
 
 
+def set_random_seed(args: MegatronArgs) -> None:
+    """Megatron-LM's ``_set_random_seed``: one seed per pipeline stage (and per DP rank with
+    data_parallel_random_init), then megatron-core's tensor/expert-parallel RNG streams."""
+    import random
+
+    import numpy
+    import torch
+    from megatron.core import parallel_state, tensor_parallel
+
+    seed = args.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    if args.data_parallel_random_init:
+        seed += 10 * parallel_state.get_data_parallel_rank()
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
 class MegatronTrainer:
-    def __init__(self, args: MegatronArgs, ctx, post=None):
-        self.args, self.ctx = args, ctx
+    def __init__(self, args: MegatronArgs, ctx, module: str = "pre_trainer", post=None):
+        self.args, self.ctx, self.module = args, ctx, module
         self.post = post  # [#15] primus.hf.megatron_start.MegatronPostTraining: HF weights, instruction data
         self.owns_process_group = False
 
+    def _say_notes(self) -> None:
+        """What Megatron-LM's rules and the support table decided, once, before anything is built;
+        a refused argument stops here (ConfigError), before the process group exists."""
+        for key, value, reason, level in self.args.notes:
+            if level == "warning":
+                self.ctx.logger.warning("%s=%s (%s)", key, value, reason)
+            else:
+                self.ctx.log_derived(key, value, reason)
+        for key, value, reason in run_time_notes(self.args, self.args.given, self.module):
+            self.ctx.log_derived(key, value, reason)
+
     def setup(self) -> None:
         import torch
-        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core import parallel_state
         from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
 
         args, ctx = self.args, self.ctx
         on_gpu = ctx.device.startswith("cuda")
+        self._say_notes()
+        # Megatron-LM's default: a NaN/Inf loss stops the run (RunContext.report_step); off on request.
+        ctx.stop_on_non_finite_loss = args.check_for_nan_in_loss_and_grad
         self.owns_process_group = _init_process_group(ctx)
         self.device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"  # set by the process group init
         world = torch.distributed.get_world_size()
@@ -112,12 +151,13 @@ class MegatronTrainer:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=args.tensor_model_parallel_size,
             pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=virtual_pipeline_size(args),
+            expert_model_parallel_size=args.expert_model_parallel_size,
+            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         )
         # Schedules read the micro-batch count from this global calculator.
         init_num_microbatches_calculator(ctx.rank, None, self.gbs, args.micro_batch_size, self.dp)
-        torch.manual_seed(args.seed)
-        tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+        set_random_seed(args)
 
         self.tokenizer = build_tokenizer(args)
         vocab = args.vocab_size or self.tokenizer.vocab_size
@@ -127,12 +167,10 @@ class MegatronTrainer:
         if self.vocab != vocab:
             derived.set("padded_vocab_size", self.vocab,
                         f"{vocab} rounded up to a multiple of make_vocab_size_divisible_by x TP")
-        use_te = use_transformer_engine(args, on_gpu)
-        derived.set("transformer_impl", "transformer_engine" if use_te else "local",
-                    "Transformer Engine importable on GPU" if use_te else "no GPU / Transformer Engine: local layer spec")
+        use_te = use_transformer_engine(args, on_gpu, derived)
         derived.set("attention_backend", "TEDotProductAttention" if use_te else "local DotProductAttention",
                     "follows transformer_impl")
-        self.config = transformer_config(args, on_gpu=on_gpu, derived=derived)
+        self.config = transformer_config(args, on_gpu=on_gpu, derived=derived, use_te=use_te)
         derived.log(ctx)
 
         chunks = build_model(args, self.config, self.vocab, use_te=use_te)
@@ -154,14 +192,14 @@ class MegatronTrainer:
         load_dir = Path(args.load) if args.load else (self.save_dir if ctx.resume else None)
         if load_dir is not None:
             if ckpt.latest_iteration(load_dir) is None:
-                if args.load:
+                if args.load or args.exit_on_missing_checkpoint:
                     raise ConfigError(f"load: no checkpoint ({ckpt.TRACKER}) under {load_dir}")
                 ctx.logger.info("resume: no checkpoint under %s yet, starting from scratch", load_dir)
             else:
                 self.iteration, self.consumed = ckpt.load_checkpoint(
                     load_dir, self.model, self.optimizer, self.scheduler,
                     use_distributed_optimizer=args.use_distributed_optimizer, finetune=args.finetune,
-                    no_load_optim=args.no_load_optim, no_load_rng=args.no_load_rng)
+                    no_load_optim=bool(args.no_load_optim), no_load_rng=bool(args.no_load_rng))
                 ctx.logger.info("loaded checkpoint %s at iteration %d", load_dir, self.iteration)
 
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -211,21 +249,28 @@ class MegatronTrainer:
             forward_only=forward_only,
         )
 
-    def train_step(self) -> tuple[float, float | None, float]:
-        """(loss, grad norm, the learning rate this step's update used).
+    def train_step(self) -> tuple[float, float | None, float, dict[str, float]]:
+        """(loss, grad norm, the learning rate this step's update used, extra scalars).
 
         The LR is read before the scheduler advances: Megatron-LM logs the one after (the next
         step's), TorchTitan the one applied; Primus reports the applied one for every backend.
+        Extras: the MoE router's auxiliary losses, averaged over MoE layers as Megatron-LM logs them.
         """
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
-        losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+        try:
+            losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+        except RuntimeError as exc:  # megatron-core DDP's check_for_nan_in_grad, before any update
+            if any(words in str(exc) for words in _NON_FINITE_GRAD):
+                raise NonFiniteLoss(self.iteration + 1, float("nan")) from None
+            raise
         update_ok, grad_norm, _ = self.optimizer.step()
         if update_ok:
             self.scheduler.step(increment=self.gbs)
-        return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr
+        extra = moe_step_metrics(self.config, self.num_microbatches) if self.args.num_experts else {}
+        return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr, extra
 
     def evaluate(self) -> float:
         import torch
@@ -244,7 +289,7 @@ class MegatronTrainer:
         path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler,
                                     iteration=self.iteration, consumed_samples=self.consumed,
                                     use_distributed_optimizer=self.args.use_distributed_optimizer,
-                                    save_optimizer=not self.args.no_save_optim)
+                                    save_optimizer=not self.args.no_save_optim, save_rng=not self.args.no_save_rng)
         self.ctx.logger.info("saved checkpoint %s", path)
 
     def train(self) -> None:
@@ -252,14 +297,14 @@ class MegatronTrainer:
         last_saved = self.iteration
         while self.iteration < args.train_iters:
             start = time.perf_counter()
-            loss, grad_norm, lr = self.train_step()
+            loss, grad_norm, lr, extra = self.train_step()
             elapsed = time.perf_counter() - start
             self.iteration += 1
             self.consumed += self.gbs
             ctx.report_step(StepReport(
                 step=self.iteration, loss=loss, step_time_s=elapsed, samples=self.gbs,
                 tokens=self.gbs * args.seq_length, flops=self.flops_per_step,
-                lr=lr, grad_norm=grad_norm,
+                lr=lr, grad_norm=grad_norm, extra=extra,
             ))
             if args.eval_interval and args.eval_iters and self.iteration % args.eval_interval == 0 and self.valid_ds:
                 ctx.logger.info("[EVAL] step=%d loss=%.4f", self.iteration, self.evaluate())
@@ -287,9 +332,9 @@ class MegatronTrainer:
             dist.destroy_process_group()
 
 
-def train(args: MegatronArgs, ctx, post=None) -> None:
+def train(args: MegatronArgs, ctx, module: str = "pre_trainer", post=None) -> None:
     """Build Megatron's model, optimizer and data for this rank, train, checkpoint, tear down."""
-    trainer = MegatronTrainer(args, ctx, post)
+    trainer = MegatronTrainer(args, ctx, module, post)
     try:
         trainer.setup()
         trainer.train()

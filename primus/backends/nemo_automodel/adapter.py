@@ -35,6 +35,7 @@ class AutoModelAdapter(BackendAdapter):
     extra: ClassVar[str] = "automodel"
     stages: ClassVar[tuple[str, ...]] = ("pretrain", "finetune", "sft")  # sft: the LLM recipe (llm.py)
     stage_aliases: ClassVar[dict[str, str]] = {"train": "pretrain"}
+    data_commands: ClassVar[tuple[str, ...]] = ("primus.data.diffusion.cli",)
 
     def defaults(self, stage: str) -> dict[str, Any]:
         if stage == "sft":  # [#15] TrainFinetuneRecipeForNextTokenPrediction (primus/backends/nemo_automodel/llm.py)

@@ -8,7 +8,7 @@ import yaml
 
 from primus.backends.megatron.adapter import MegatronAdapter, megatron_params
 from primus.backends.megatron.arguments import (
-    MODEL_SHAPE_KEYS,
+    TRANSLATED_KEYS,
     check_parallel_layout,
     default_args,
     parse_args,
@@ -19,7 +19,7 @@ from primus.runtime.adapter import ModuleConfig
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
-        "train_iters": 10, "lr": 1e-3, "mock_data": True, "vocab_size": 512}
+        "train_iters": 10, "lr": 1e-3, "mock_data": True, "vocab_size": 512, "micro_batch_size": 1}
 
 
 def params(**overrides):
@@ -90,7 +90,8 @@ def test_neutral_model_block_translates_and_flat_keys_override():
     assert translated["num_query_groups"] == spec["n_kv_heads"] and translated["group_query_attention"]
     assert translated["normalization"] == "RMSNorm" and translated["swiglu"] and translated["position_embedding_type"] == "rope"
     assert translated["untie_embeddings_and_output_weights"] is True
-    args = parse_args({"model": spec, "num_layers": 4, "seq_length": 64, "train_iters": 2, "lr": 1e-3, "mock_data": True})
+    args = parse_args({"model": spec, "num_layers": 4, "seq_length": 64, "train_iters": 2, "lr": 1e-3, "mock_data": True,
+                       "micro_batch_size": 1})
     assert args.num_layers == 4  # the flat Megatron key wins
     assert args.hidden_size == spec["dim"] and args.rotary_base == spec["rope_theta"]
     assert args.ffn_hidden_size == 352
@@ -101,7 +102,7 @@ def test_neutral_embedding_init_std_maps_to_megatron_and_unset_keeps_the_default
     from primus.backends.megatron.model import Derived, transformer_config
 
     model = {"n_layers": 2, "dim": 64, "n_heads": 4, "vocab_size": 512}
-    rest = {"seq_length": 64, "train_iters": 2, "lr": 1e-3, "mock_data": True}
+    rest = {"seq_length": 64, "train_iters": 2, "lr": 1e-3, "mock_data": True, "micro_batch_size": 1}
     args = parse_args({"model": {**model, "embedding_init_std": 1.0}, **rest})
     derived = Derived()
     config = transformer_config(args, on_gpu=False, derived=derived)
@@ -126,11 +127,12 @@ def test_neutral_model_error_points_into_model_block():
     assert "did you mean 'n_layers'" in str(exc.value)
 
 
-def test_defaults_exclude_model_shape_and_match_the_preset():
-    defaults = default_args()
-    assert not MODEL_SHAPE_KEYS & set(defaults)
+def test_defaults_layer_is_empty_and_the_preset_is_megatron_lm():
+    """Megatron-LM's defaults are the schema's own: no defaults layer can hide a model preset's
+    value (nor an option spelling such as disable_bias_linear)."""
+    assert default_args() == {}
     preset = yaml.safe_load((REPO / "primus/configs/modules/megatron/pre_trainer.yaml").read_text())
-    assert not MODEL_SHAPE_KEYS & set(preset)
+    assert not TRANSLATED_KEYS & set(preset)
     parse_args({**preset, **params()})  # every preset key is a known Megatron argument
 
 
@@ -163,9 +165,10 @@ def test_gpu_fusions_only_where_their_kernels_are_installed():
     from primus.backends.megatron.model import Derived, fusion_flags
 
     derived = Derived()
-    flags = fusion_flags(True, derived)
+    args = parse_args(params(position_embedding_type="rope"))  # Megatron-LM's fusion defaults: all on
+    flags = fusion_flags(args, True, derived)
     assert flags["bias_activation_fusion"] and flags["bias_dropout_fusion"]
     off = {"masked_softmax_fusion", "persist_layer_norm", "apply_rope_fusion", "gradient_accumulation_fusion"}
     assert not any(flags[name] for name in off)
     assert set(derived.values["fusions_off"].split(",")) == off
-    assert not any(fusion_flags(False, Derived()).values())
+    assert not any(fusion_flags(args, False, Derived()).values())

@@ -34,7 +34,8 @@ MEGATRON = """
     parallel_state.initialize_model_parallel()
     torch.manual_seed(1234)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    args = parse_args({"model": SPEC, "seq_length": 64, "train_iters": 1, "lr": 1e-3, "mock_data": True})
+    args = parse_args({"model": SPEC, "seq_length": 64, "train_iters": 1, "lr": 1e-3, "mock_data": True,
+                       "micro_batch_size": 1})
     config = transformer_config(args, on_gpu=False, derived=Derived())
     model = build_model(args, config, 512, use_te=False)[0]
     out = {"embedding": model.embedding.word_embeddings.weight, "head": model.output_layer.weight}
