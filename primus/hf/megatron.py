@@ -64,11 +64,13 @@ def _layer_rules(spec: ModelSpec) -> dict[str, tuple[list[str], Callable, Callab
     if spec.qk_norm:
         rules["self_attention.q_layernorm.weight"] = ([attn + "q_norm.weight"], *one)
         rules["self_attention.k_layernorm.weight"] = ([attn + "k_norm.weight"], *one)
+    # the norm before the MLP: fused into fc1 with Transformer Engine; the local spec keeps the fused name
+    # in its checkpoint for dense and MoE layers alike
+    rules["mlp.linear_fc1.layer_norm_weight"] = (["post_attention_layernorm.weight"], *one)
     if spec.is_moe:
         rules["pre_mlp_layernorm.weight"] = (["post_attention_layernorm.weight"], *one)
         rules["mlp.router.weight"] = (["block_sparse_moe.gate.weight"], *one)
     else:
-        rules["mlp.linear_fc1.layer_norm_weight"] = (["post_attention_layernorm.weight"], *one)
         rules["mlp.linear_fc1.weight"] = (["mlp.gate_proj.weight", "mlp.up_proj.weight"],
                                           lambda g, u: torch.cat([g, u]), lambda t: list(t.chunk(2)))
         rules["mlp.linear_fc2.weight"] = (["mlp.down_proj.weight"], *one)

@@ -1,6 +1,6 @@
 """One rank of a Megatron model loaded from a HF checkpoint by Primus: print its logits' distance to HF's.
 
-    torchrun --nproc-per-node N megatron_logits_worker.py HF_DIR OUT.json TP [PP=1]
+    torchrun --nproc-per-node N megatron_logits_worker.py HF_DIR OUT.json TP [EP]
 
 The model is built and filled exactly as the trainer does (megatron_params -> parse_args ->
 transformer_config -> build_model -> MegatronPostTraining.load_weights); rank 0 compares the
@@ -17,6 +17,7 @@ from pathlib import Path
 
 def main() -> int:
     hf_dir, out, tp = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    ep = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     import torch
 
     torch.set_num_threads(1)
@@ -27,7 +28,7 @@ def main() -> int:
     from megatron.core import parallel_state, tensor_parallel
 
     dist.init_process_group("gloo")
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     from primus.backends.megatron.adapter import megatron_params
     from primus.backends.megatron.arguments import parse_args
@@ -35,6 +36,7 @@ def main() -> int:
     from primus.hf.megatron_start import post_training
 
     params = {"hf_path": str(hf_dir), "seq_length": 16, "train_iters": 1, "lr": 0.0, "tensor_model_parallel_size": tp,
+              **({"expert_model_parallel_size": ep} if ep > 1 else {}),
               "bf16": False, "micro_batch_size": 1, "mock_data": True}
     args = parse_args(megatron_params(params))
     config = transformer_config(args, on_gpu=False, derived=Derived())
