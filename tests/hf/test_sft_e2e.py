@@ -85,15 +85,20 @@ def test_tiny_sft_trains_from_the_hf_checkpoint_and_exports_a_model_that_generat
     assert again.returncode == 2 and "never overwrites" in again.stderr
 
 
+_MEGATRON_NO_UPDATE = ["train_iters=1", "lr=0", "min_lr=0", "lr_warmup_iters=0", "save_interval=1", "eval_interval=100"]
+_TORCHTITAN_NO_UPDATE = ["training.steps=1", "training.max_norm=0", "optimizer.weight_decay=0", "checkpoint.interval=1",
+                         "validator.enable=false"]
+
+
 @pytest.mark.parametrize("example, nproc, overrides", [
-    (MEGATRON, 2, ["tensor_model_parallel_size=2", "train_iters=1", "lr=0", "min_lr=0", "lr_warmup_iters=0", "save_interval=1",
-                   "eval_interval=100"]),
-    (TORCHTITAN, 1, ["training.steps=1", "training.max_norm=0", "optimizer.weight_decay=0", "checkpoint.interval=1",
-                     "validator.enable=false"]),
-])
+    (MEGATRON, 2, ["tensor_model_parallel_size=2", *_MEGATRON_NO_UPDATE]),
+    (MEGATRON, 2, ["pipeline_model_parallel_size=2", *_MEGATRON_NO_UPDATE]),
+    (TORCHTITAN, 1, _TORCHTITAN_NO_UPDATE),
+    (TORCHTITAN, 2, _TORCHTITAN_NO_UPDATE),  # FSDP: each rank loads and saves its shard
+], ids=["megatron-tp2", "megatron-pp2", "torchtitan", "torchtitan-fsdp2"])
 def test_hf_to_primus_to_hf_is_bit_identical(example, nproc, overrides, run_primus, workspace, tiny_cache, tmp_path):
     pytest.importorskip("transformers")
-    name = f"roundtrip-{example.parent.name}"
+    name = f"roundtrip-{example.parent.name}-{nproc}-{len(overrides)}-{overrides[0].split('=')[0]}"
     result = run_primus("train", example, "--nproc-per-node", nproc, f"exp_name={name}", *overrides, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = tmp_path / "hf"
