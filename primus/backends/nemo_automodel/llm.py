@@ -138,6 +138,11 @@ def plan(module: "ModuleConfig", world_size: int | None, provenance, *, run_dir:
     from primus.runtime.adapter import CheckpointSpec, EnginePlan
 
     prefix = f"modules.{module.name}"
+    tiny = (module.params.get("primus") or {}).get("tiny_assets")
+    if tiny:  # the model is read from the files it builds (idempotent, file-locked)
+        from primus.hf.tiny import ensure_tiny_sft_assets
+
+        ensure_tiny_sft_assets(Path(tiny).expanduser())
     checkpoint_dir = (run_dir or Path(".")) / "checkpoints"
     result = EnginePlan(module, world_size, None, CheckpointSpec(checkpoint_dir))
 
@@ -154,9 +159,24 @@ def plan(module: "ModuleConfig", world_size: int | None, provenance, *, run_dir:
     result.checkpoint = CheckpointSpec(checkpoint_dir, load=cfg["model"]["pretrained_model_name_or_path"], format="hf")
     result.model = model_spec(cfg)
     seq = (cfg.get("dataset") or {}).get("seq_length")
+    result.layout = layout(cfg, world_size, seq or 2048)
     if result.model is not None and seq:
         result.flops_per_token = flops_per_token(result.model, seq)
     return result
+
+
+def layout(cfg: dict[str, Any], world_size: int | None, seq_len: int):
+    """AutoModel's FSDP2 layout: TP x CP inside, the rest data parallel (fully sharded)."""
+    from primus.plan.layout import ParallelLayout
+
+    dist, steps = cfg.get("distributed") or {}, cfg.get("step_scheduler") or {}
+    tp, cp = int(dist.get("tp_size") or 1), int(dist.get("cp_size") or 1)
+    world = world_size or tp * cp
+    policy = dist.get("mp_policy") or {}
+    param_dtype = "fp32" if str(policy.get("param_dtype", "bfloat16")).endswith("float32") else "bf16"
+    return ParallelLayout(tp=tp, cp=cp, dp=max(1, world // (tp * cp)), micro_batch_size=int(steps.get("local_batch_size", 1)),
+                          global_batch_size=steps.get("global_batch_size"), seq_len=seq_len, sharding="fsdp",
+                          param_dtype=param_dtype, master_weights=param_dtype != "fp32")
 
 
 def check_inputs(plan: "EnginePlan", provenance) -> None:
