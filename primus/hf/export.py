@@ -108,25 +108,26 @@ _TORCHTITAN_STATE = ("optimizer", "lr_scheduler", "dataloader", "train_state")
 
 
 def _torchtitan(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
-    from primus.backends.torchtitan.patches import apply_patches
+    """Through the run's own plan: the model TorchTitan built and its own state-dict adapter's ``to_hf``."""
+    from primus.hf.torchtitan_start import hf_source
+    from primus.runtime.adapter import ModuleConfig
+    from primus.runtime.registry import get_adapter
 
-    apply_patches()  # torchtitan 0.3.0 does not import on CPU without them (e.g. its hard `import triton`)
-    from primus.backends.torchtitan.model import build_model_spec
-    from primus.hf.torchtitan_start import hf_source, with_hf_start
-
-    stage = section.get("stage", "pretrain")
-    params = with_hf_start(section["params"], stage, prefix=f"modules.{name}")
+    adapter = get_adapter("torchtitan")
+    module = ModuleConfig(name, "torchtitan", adapter.canonical_stage(section.get("stage", "pretrain")),
+                          section["params"])
+    plan = adapter.plan(module, None, run_dir=run_dir, device="cpu")
     root = run_dir / "checkpoints"
     steps = {int(m.group(1)): p for p in root.glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name))
              and (p / ".metadata").exists()}
     step, path = _pick_step(steps, step, root)
-    spec = ModelSpec(**params["model"])
-    titan = build_model_spec(spec, "sdpa")
-    adapter = titan.state_dict_adapter(titan.model, None)
+    titan = plan.engine_config.model_spec
+    if titan.state_dict_adapter is None:
+        raise ConfigError(f"{run_dir}: TorchTitan's {titan.name} model has no Hugging Face state-dict adapter")
+    to_hf = titan.state_dict_adapter(titan.model, None).to_hf
     tensors = read_dcp_tensors(path, lambda key: not key.startswith(_TORCHTITAN_STATE))
-    tiny = (params.get("primus") or {}).get("tiny_assets")
-    tokenizer = params.get("hf_assets_path") or (str(Path(tiny).expanduser() / "tokenizer") if tiny else None)
-    return adapter.to_hf(tensors), spec, hf_source(params), tokenizer, path, step
+    source = Path(plan.checkpoint.load) if plan.checkpoint.format == "hf" else None
+    return to_hf(tensors), plan.model, source, plan.engine_config.hf_assets_path, path, step
 
 
 # -- NeMo AutoModel (LLM recipe) ------------------------------------------------------------------

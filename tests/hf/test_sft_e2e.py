@@ -105,3 +105,27 @@ def test_hf_to_primus_to_hf_is_bit_identical(example, nproc, overrides, run_prim
     exported = run_primus("export", workspace / "amd" / "root" / name, "--to", "hf", out)
     assert exported.returncode == 0, exported.stderr[-3000:]
     _assert_same_tensors(out, tiny_cache / "tiny_sft" / "hf" / "llama_tiny")
+
+
+@pytest.mark.parametrize("example, overrides", [
+    (ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", ["train_iters=2", "save_interval=2"]),
+    (ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml", ["training.steps=2", "checkpoint.interval=2"]),
+], ids=["megatron", "torchtitan"])
+def test_a_pretraining_run_exports_too(example, overrides, run_primus, workspace, tmp_path):
+    """No HF source: config.json comes from the run's ModelSpec, the tokenizer from the run's."""
+    pytest.importorskip("transformers")
+    name = f"pretrain-export-{example.parent.name}"
+    result = run_primus("train", example, f"exp_name={name}", *overrides, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = tmp_path / "hf"
+    exported = run_primus("export", workspace / "amd" / "root" / name, "--to", "hf", out, "--step", "2")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(str(out)), AutoTokenizer.from_pretrained(str(out))
+    ids = tokenizer("the cat sees the red ball", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+    missing = run_primus("export", workspace / "amd" / "root" / name, "--to", "hf", tmp_path / "x", "--step", "7")
+    assert missing.returncode == 2 and "--step 7: no checkpoint of that step" in missing.stderr
