@@ -46,7 +46,13 @@ class ProbedRun:
     step_ends: list[float] = field(default_factory=list)  # perf_counter of each optimizer-step end (rank 0)
     first_step_s: float | None = None  # launch -> end of optimizer step 1 (wall clock)
     max_rss_gb: float | None = None  # peak RSS of rank 0 at its last step
+    threads: list[int] = field(default_factory=list)  # rank 0's thread count at each step end
+    wakeups: list[int] = field(default_factory=list)  # non-main threads' voluntary switches (BENCH_PROBE_WAKEUPS=1)
     tail: str = ""
+
+    def step_time(self, step: int) -> float | None:
+        """Optimizer step ``step`` (1-based, >= 2): the interval between the ends of steps step-1 and step."""
+        return self.step_ends[step - 1] - self.step_ends[step - 2] if 2 <= step <= len(self.step_ends) else None
 
     def step_times(self, skip: int) -> list[float]:
         times = [b - a for a, b in zip(self.step_ends, self.step_ends[1:])]
@@ -73,8 +79,9 @@ def run_probed(label: str, cmd: list[str], *, env: dict[str, str] | None = None,
     records = []
     for path in probe.glob("steps-*.txt"):
         for line in path.read_text().splitlines():
-            rank, kind, opt_id, wall_t, perf_t, rss = line.split()
-            records.append((int(rank), kind, opt_id, float(wall_t), float(perf_t), int(rss)))
+            rank, kind, opt_id, wall_t, perf_t, rss, *extra = line.split()
+            records.append((int(rank), kind, opt_id, float(wall_t), float(perf_t), int(rss),
+                            int(extra[0]) if extra else 0, int(extra[1]) if len(extra) > 1 else 0))
     shutil.rmtree(probe, ignore_errors=True)
     # rank 0, torch's own optimizer class (not an engine container around it), the first one that stepped
     mine = sorted((r for r in records if r[0] == 0 and r[1].startswith("torch.optim.")), key=lambda r: r[4])
@@ -84,6 +91,8 @@ def run_probed(label: str, cmd: list[str], *, env: dict[str, str] | None = None,
         run.step_ends = [r[4] for r in mine]
         run.first_step_s = round(mine[0][3] - t0_wall, 3)
         run.max_rss_gb = round(mine[-1][5] / 1e6, 3)
+        run.threads = [r[6] for r in mine]
+        run.wakeups = [r[7] for r in mine]
     if verbose or proc.returncode != 0:
         print(f"    [{label}] rc={proc.returncode} wall={wall:.1f}s steps={len(run.step_ends)}", flush=True)
         if proc.returncode != 0:

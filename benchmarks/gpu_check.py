@@ -6,10 +6,14 @@ Steps, each a subprocess with its own timeout, logged to ``DIR/<step>.log`` and 
 ``DIR/gpu_check.json`` after every step (a run cut short still leaves its results):
 
   env         torch / CUDA / device facts
-  tt_tiny     the README's TorchTitan example through ``primus train`` on the GPU
+  tt_tiny     the README's TorchTitan example through ``primus train`` on the GPU (fp32 params)
+  tt_bf16     the same with ``training.mixed_precision_param=bfloat16`` (FSDP2 MixedPrecisionPolicy)
   mg_tiny     the Megatron example through ``primus train`` on the GPU (bf16)
   am_tiny     the tiny Wan 2.2 example through NeMo AutoModel on the GPU (bf16)
+  moe_*       every tiny MoE example (``examples/*/*tiny*moe*.yaml``, found when the script runs), bf16
   preflight   ``primus preflight`` (accelerator checks, GEMM, memory bandwidth, NCCL at world 1)
+  ckpt_steady steady step after the first checkpoint / checkpoints off, TorchTitan tiny demo
+              (``benchmarks.checkpoint_steady``, one repetition)
   overhead_*  Primus vs the bare engine (``benchmarks.overhead.measure``) on the GPU, where steps
               are milliseconds and any per-step cost of Primus shows
 Steps run in that order and stop being started once ``--budget-s`` is spent.
@@ -44,6 +48,24 @@ print(json.dumps({k: r[k] for k in ("ratio", "pair_ratios", "step_time_primus_s"
 """
 
 
+CHECKPOINT = """
+import json
+from benchmarks import checkpoint_steady as c
+cases = c._cases(30, 10)
+r = c.measure("torchtitan tiny demo", cases["torchtitan tiny demo"], reps=1, steps=30, interval=10)
+print(json.dumps({k: r[k] for k in ("ratio", "ratio_upstream", "on", "off", "bare_on", "bare_off")}, default=str))
+"""
+
+# bf16 keys per backend, for the MoE examples whoever adds them
+BF16 = {"torchtitan": ["training.mixed_precision_param=bfloat16"], "megatron": ["bf16=true"],
+        "nemo_automodel": ["model.compute_dtype=bfloat16"]}
+STEPS = {"torchtitan": "training.steps=20", "megatron": "train_iters=20", "nemo_automodel": "step_scheduler.max_steps=20"}
+
+
+def moe_examples() -> list[Path]:
+    return sorted(REPO.glob("examples/*/*tiny*moe*.yaml"))
+
+
 def _last_json(text: str) -> Any:
     for line in reversed(text.strip().splitlines()):
         if line.startswith("{"):
@@ -73,17 +95,27 @@ def _train_summary(workspace: Path, exp_name: str) -> dict[str, Any]:
 
 def steps(out: Path) -> list[tuple[str, list[str], int]]:
     ws = out / "workspace"
+    moe = []
+    for example in moe_examples():
+        backend = example.parent.name
+        name = f"moe_{backend}_{example.stem}".replace("-", "_").replace(".", "_")
+        moe.append((name, [PRIMUS, "train", str(example.relative_to(REPO)), f"workspace={ws}", f"exp_name={name}",
+                           STEPS.get(backend, "training.steps=20"), *BF16.get(backend, [])], 240))
     return [
         ("env", [PY, "-c", ENV_PROBE], 60),
         ("nvidia_smi", ["nvidia-smi"], 30),
         ("tt_tiny", [PRIMUS, "train", "examples/torchtitan/llama3_tiny-pretrain.yaml", f"workspace={ws}",
-                     "exp_name=tt_tiny", "training.steps=40"], 240),
+                     "exp_name=tt_tiny", "training.steps=40", "training.mixed_precision_param=float32"], 240),
+        ("tt_bf16", [PRIMUS, "train", "examples/torchtitan/llama3_tiny-pretrain.yaml", f"workspace={ws}",
+                     "exp_name=tt_bf16", "training.steps=40", "training.mixed_precision_param=bfloat16"], 240),
         ("mg_tiny", [PRIMUS, "train", "examples/megatron/llama3_tiny-pretrain.yaml", f"workspace={ws}",
                      "exp_name=mg_tiny", "bf16=true", "train_iters=40"], 240),
         ("am_tiny", [PRIMUS, "train", "examples/nemo_automodel/wan2_2_tiny-cpu.yaml", f"workspace={ws}",
                      "exp_name=am_tiny", "model.compute_dtype=bfloat16", "step_scheduler.max_steps=20",
                      "step_scheduler.num_epochs=10", "fsdp.reduce_dtype=bfloat16"], 240),
+        *moe,
         ("preflight", [PRIMUS, "preflight", "--report-dir", str(out / "preflight")], 150),
+        ("ckpt_steady", [PY, "-c", CHECKPOINT], 300),
         ("overhead_torchtitan", [PY, "-c", OVERHEAD, "torchtitan", "2", "40", "5"], 300),
         ("overhead_megatron", [PY, "-c", OVERHEAD, "megatron", "2", "40", "5"], 300),
     ]
@@ -117,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         parsed = _last_json(text)
         if parsed is not None:
             entry["result"] = parsed
-        if name in ("tt_tiny", "mg_tiny", "am_tiny"):
+        if name in ("tt_tiny", "tt_bf16", "mg_tiny", "am_tiny") or name.startswith("moe_"):
             entry["train"] = _train_summary(args.out / "workspace", name)
         if rc != 0:
             entry["tail"] = text[-1500:]

@@ -13,11 +13,15 @@ def plot(results: dict[str, Any], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    panels = [k for k in ("overhead", "cli", "knobs") if k in results]
+    panels = [k for k in ("overhead", "cli", "knobs", "checkpoint", "precision") if k in results]
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
-    for ax, name in zip(axes[0], panels):
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, panels):
         r = results[name]
         if name == "overhead":
             labels, a_vals, b_vals = [], [], []
@@ -43,6 +47,27 @@ def plot(results: dict[str, Any], path: Path) -> Path | None:
             ax.axvline(vals[0] + 0.3, ls="--", color="grey", lw=0.8, label="interpreter + 0.3 s")
             ax.set_xlabel("median wall time (s)")
             ax.set_title("CLI latency")
+            ax.legend(fontsize=8)
+        elif name == "checkpoint":
+            cases = r["cases"]
+            y = range(len(cases))
+            ax.barh([i - 0.2 for i in y], [c["ratio"] or 0 for c in cases], height=0.4, color="C0", label="Primus")
+            ax.barh([i + 0.2 for i in y], [c.get("ratio_upstream") or 0 for c in cases], height=0.4, color="C3",
+                    label="bare engine, no fix")
+            ax.axvline(r["target"], ls="--", color="grey", lw=0.8, label=f"target {r['target']}")
+            ax.set_yticks(list(y), [c["case"] for c in cases], fontsize=8)
+            ax.set_xlabel("steady step after 1st checkpoint / checkpoints off")
+            ax.set_title("Checkpoint slowdown")
+            ax.legend(fontsize=8)
+        elif name == "precision":
+            cases = r["cases"]
+            ax.bar(range(len(cases)), [c["speedup_bf16"] or 0 for c in cases], color="C4")
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.axhline(r["target"], ls="--", color="grey", lw=0.8, label=f"target {r['target']}×")
+            ax.set_xticks(range(len(cases)), [c["backend"] + ("" if c["bf16_native"] else "\n(emulated)")
+                                              for c in cases], fontsize=8)
+            ax.set_ylabel("bf16 throughput / fp32")
+            ax.set_title("bf16 on CPU")
             ax.legend(fontsize=8)
         else:
             pts = r.get("torchtitan", [])

@@ -1,10 +1,12 @@
-"""Machine roofline on CPU: fp32 GEMM peak (torch.matmul sweep) and memory bandwidth, compared
+"""Machine roofline on CPU: fp32 and bf16 GEMM peaks (torch.matmul sweeps) and memory bandwidth, compared
 with ``primus preflight --tests gemm`` (medians of interleaved runs must agree within 10%), and each backend's achieved
 TFLOP/s and MFU against the measured peak.
 
 Achieved FLOPs use Primus's formula (``primus/plan/flops.py``), training = 3 x forward:
     flops/token = 6 * N_matmul + 6 * n_layers * seq_len * dim     (causal attention halved)
-MFU = achieved / measured fp32 GEMM peak of this machine (all cores, torch's default threads).
+MFU = achieved / the device peak Primus uses (``primus.plan.devices.device_peak``): the measured
+GEMM peak of the CPU's fastest native dtype (bf16 where AMX-BF16/AVX512-BF16 exist, else fp32),
+all cores, torch's default threads; the fp32-peak MFU is given beside it.
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ from benchmarks.common import PRIMUS, PY, REPO, fmt, md_table, spread
 SIZES = (256, 512, 1024, 2048)
 
 
-def _gemm_gflops(n: int, iters: int, warmup: int = 2) -> float:
-    """Same method as preflight: mean seconds of ``iters`` square fp32 matmuls, 2 n^3 FLOPs each."""
+def _gemm_gflops(n: int, iters: int, warmup: int = 2, dtype: str = "fp32") -> float:
+    """Same method as preflight: mean seconds of ``iters`` square matmuls, 2 n^3 FLOPs each."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    a, b = torch.randn(n, n, dtype=torch_dtype), torch.randn(n, n, dtype=torch_dtype)
     for _ in range(warmup):
         torch.mm(a, b)
     start = time.perf_counter()
@@ -55,7 +58,13 @@ def measure(trials: int) -> dict[str, Any]:
         iters = max(3, int(2e10 / (2 * n**3)))  # ~20 GFLOP per trial
         gemm[n] = [_gemm_gflops(n, iters) for _ in range(trials)]
     membw = [_copy_gbps(256 * 2**20, 10) for _ in range(trials)]
+    from primus.plan.devices import measure_cpu_gemm_tflops
+
+    bf16 = {str(n): [_gemm_gflops(n, max(3, int(5e9 / (2 * n**3))), dtype="bf16") for _ in range(trials)]
+            for n in (512, 1024)}
+    probe = {d: [1e3 * measure_cpu_gemm_tflops(d) for _ in range(trials)] for d in ("fp32", "bf16")}
     return {"threads": torch.get_num_threads(), "gemm_gflops": {str(k): v for k, v in gemm.items()},
+            "gemm_bf16_gflops": bf16, "primus_probe_gflops": probe,
             "gemm_1024_preflight_method": [_gemm_gflops(1024, 50) for _ in range(trials)], "copy_gbps": membw}
 
 
@@ -96,9 +105,20 @@ def run(quick: bool, achieved: dict[str, dict[str, Any]] | None = None) -> dict[
     # The bests are reported beside it.
     agree_median = abs(pf["median"] - bench_1024["median"]) / bench_1024["median"] if pf["median"] else None
     agree_best = abs(pf["max"] - bench_1024["max"]) / bench_1024["max"] if pf["max"] else None
+    from primus.plan.devices import cpu_bf16_native
+
+    bf16_by_n = {n: spread([v for s in sweeps for v in s["gemm_bf16_gflops"][n]]) for n in sweeps[0]["gemm_bf16_gflops"]}
+    peak_bf16 = max(s["max"] for s in bf16_by_n.values())
+    native = cpu_bf16_native()
+    probe = {d: spread([v for s in sweeps for v in s["primus_probe_gflops"][d]]) for d in ("fp32", "bf16")}
     result = {
         "threads": sweeps[0]["threads"], "gemm_gflops_by_n": {str(k): v for k, v in per_size.items()},
-        "peak_gflops_fp32": peak, "gemm_1024_gflops": bench_1024, "preflight_gemm_gflops": pf,
+        "peak_gflops_fp32": peak, "gemm_bf16_gflops_by_n": bf16_by_n, "peak_gflops_bf16": peak_bf16,
+        "bf16_native": native, "bf16_over_fp32_gemm": peak_bf16 / peak,
+        # the device peak Primus's [TRAIN] line uses: the fastest native dtype (primus.plan.devices.device_peak)
+        "device_peak_gflops": max(peak, peak_bf16) if native else peak,
+        "primus_probe_gflops": probe,
+        "primus_probe_vs_sweep": {"fp32": probe["fp32"]["max"] / peak, "bf16": probe["bf16"]["max"] / peak_bf16}, "gemm_1024_gflops": bench_1024, "preflight_gemm_gflops": pf,
         "preflight_vs_benchmark_best": agree_best, "preflight_vs_benchmark_median": agree_median,
         "target_agree_10pct": agree_median is not None and agree_median <= 0.10,
         "copy_gbps": copy, "preflight_membw_gbps": pf_bw, "preflight_raw": preflights,
@@ -120,6 +140,15 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         f"- fp32 GEMM (torch.mm, {r['threads']} threads), median GFLOP/s by size: {sizes}",
         f"- **peak fp32 GEMM: {fmt(r['peak_gflops_fp32'], '.1f')} GFLOP/s** (best trial of the sweep)",
+        f"- bf16 GEMM, median GFLOP/s by size: "
+        + " · ".join(f"n={n}: {fmt(s['median'], '.1f')}" for n, s in r["gemm_bf16_gflops_by_n"].items())
+        + f"; **peak bf16 {fmt(r['peak_gflops_bf16'], '.1f')} GFLOP/s = {fmt(r['bf16_over_fp32_gemm'], '.2f')}× fp32**; "
+          f"bf16 units: {r['bf16_native'] or 'none (oneDNN emulates bf16)'}",
+        f"- Primus's start-up probe (`primus.plan.devices.measure_cpu_gemm_tflops`, ≤ 0.5 s), best of runs: "
+        f"fp32 {fmt(r['primus_probe_gflops']['fp32']['max'], '.1f')} GFLOP/s "
+        f"({_pct(r['primus_probe_vs_sweep']['fp32'])} of the sweep's peak), bf16 "
+        f"{fmt(r['primus_probe_gflops']['bf16']['max'], '.1f')} ({_pct(r['primus_probe_vs_sweep']['bf16'])}); "
+        f"device peak for MFU (fastest native dtype): {fmt(r['device_peak_gflops'], '.1f')} GFLOP/s",
         f"- n=1024 with preflight's method, median (best) of interleaved runs: benchmark "
         f"{fmt(r['gemm_1024_gflops']['median'], '.1f')} ({fmt(r['gemm_1024_gflops']['max'], '.1f')}) GFLOP/s vs "
         f"`primus preflight --tests gemm` {fmt(r['preflight_gemm_gflops']['median'], '.1f')} "
@@ -131,17 +160,16 @@ def markdown(r: dict[str, Any]) -> str:
         f"ridge point {fmt(r['ridge_flops_per_byte'], '.1f')} FLOP/byte",
     ]
     if r.get("peak_gflops_for_mfu"):
-        lines.append(f"- MFU below uses the best fp32 GEMM seen in this run (sweep or preflight): "
+        lines.append(f"- MFU below uses the device peak (best GEMM of the fastest native dtype in this run): "
                      f"{fmt(r['peak_gflops_for_mfu'], '.1f')} GFLOP/s")
     rows = []
     for backend, a in r["achieved"].items():
         rows.append([backend, a.get("model", ""), fmt(a.get("flops_per_token"), ".3e"),
                      fmt(a.get("tokens_per_s"), ".0f"), fmt(a.get("tflops"), ".4f"),
-                     fmt(100 * a["mfu_vs_measured_peak"] if a.get("mfu_vs_measured_peak") is not None else None, ".1f")
-                     + ("%" if a.get("mfu_vs_measured_peak") is not None else ""), a.get("note", "")])
+                     _pct(a.get("mfu_vs_measured_peak")), _pct(a.get("mfu_vs_fp32_peak")), a.get("note", "")])
     if rows:
-        lines += ["", md_table(["backend", "model", "FLOPs/token", "tokens/s", "achieved TFLOP/s", "MFU vs measured peak",
-                                "note"], rows)]
+        lines += ["", md_table(["backend", "model", "FLOPs/token", "tokens/s", "achieved TFLOP/s", "MFU (device peak)",
+                                "MFU vs fp32 peak", "note"], rows)]
     return "\n".join(lines)
 
 

@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.run --quick         # a few minutes
     .venv/bin/python -m benchmarks.run --only overhead,cli
 
-Benchmarks: cli, overhead, roofline, backends, knobs. Not part of the test suite's pass/fail:
+Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, precision, compile. Not part of the test suite's pass/fail:
 targets are reported (met / not met), never asserted.
 """
 from __future__ import annotations
@@ -16,37 +16,46 @@ from typing import Any
 
 import yaml
 
-from benchmarks import backends, cli_latency, common, knobs, overhead, roofline
+from benchmarks import (backends, checkpoint_steady, cli_latency, common, knobs, overhead, precision, roofline,
+                        torch_compile)
 
-ORDER = ("cli", "overhead", "roofline", "backends", "knobs")
+ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint", "precision", "compile")
 PRESET = common.CONFIGS / "presets" / "llama_25m.yaml"
 
 
 def _achieved(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Achieved TFLOP/s per backend on the 25M preset, from the Primus runs of this suite."""
+    """Achieved TFLOP/s per backend (and dtype) on the 25M preset, from the Primus runs of this suite."""
+    from primus.plan.flops import flops_per_token
     from primus.plan.model import ModelSpec
-    from primus.plan.flops import dense_decoder_flops_per_token
 
     spec = ModelSpec(**yaml.safe_load(PRESET.read_text())["model"])
     seq, batch = 256, 2
-    fpt = dense_decoder_flops_per_token(n_layers=spec.n_layers, dim=spec.dim, seq_len=seq,
-                                        matmul_params=spec.matmul_params())
+    fpt = flops_per_token(spec, seq)  # the one convention (Megatron-LM's num_floating_point_operations)
     out = {}
     model = f"llama_25m ({spec.total_params() / 1e6:.1f}M params, seq {seq}, global bs {batch})"
+    precision_cases = {c["backend"]: c for c in (results.get("precision") or {}).get("cases", [])}
     for backend in ("torchtitan", "megatron"):
         step, note = None, ""
         points = [p for p in (results.get("backends") or {}).get("points", []) if p["backend"] == backend]
         if points and points[0]["step_time_s"]:
-            step, note = points[0]["step_time_s"], "primus train, 1 rank, torch default threads"
+            step, note = points[0]["step_time_s"], "fp32, primus train, 1 rank, torch default threads"
+        elif backend in precision_cases:
+            step, note = precision_cases[backend]["step_time_s"]["fp32"], "fp32, precision runs"
         elif backend == "torchtitan" and "overhead" in results:
             step = results["overhead"]["torchtitan"]["step_time_primus_s"]["median"]
-            note = f"primus train, overhead runs (OMP_NUM_THREADS={results['overhead'].get('threads')})"
-        if step:
-            tps = batch * seq / step
-            out[backend] = {"model": model, "flops_per_token": fpt, "tokens_per_s": tps, "tflops": fpt * tps / 1e12,
-                            "note": note}
-        else:
-            out[backend] = {"model": model, "tflops": None, "note": "not run (run --only backends,roofline)"}
+            note = f"fp32, overhead runs (OMP_NUM_THREADS={results['overhead'].get('threads')})"
+        rows = [(backend, step, note)]
+        if backend in precision_cases:
+            case = precision_cases[backend]
+            rows.append((f"{backend} bf16", case["step_time_s"]["bf16"],
+                         "bf16, precision runs" + ("" if case["bf16_native"] else " (forced: no bf16 units, emulated)")))
+        for name, step, note in rows:
+            if step:
+                tps = batch * seq / step
+                out[name] = {"model": model, "flops_per_token": fpt, "tokens_per_s": tps, "tflops": fpt * tps / 1e12,
+                             "note": note}
+            else:
+                out[name] = {"model": model, "tflops": None, "note": "not run (run --only backends,roofline)"}
     out["nemo_automodel"] = {"model": "tiny Wan 2.2 (diffusion)", "tflops": None,
                              "note": "no FLOPs formula for diffusion transformers in Primus (tflops=n/a)"}
     return out
@@ -59,8 +68,11 @@ def summary_markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
              f"Python {m['python']}; load average at start {tuple(round(x, 2) for x in m['loadavg_at_start'])}; "
              f"{m['time']}; total {meta['total_s']:.0f} s. Command: `{meta['command']}`"]
     titles = {"cli": "CLI latency", "overhead": "Overhead vs. the bare engine", "roofline": "Machine roofline",
-              "backends": "Backend comparison (25M Llama preset)", "knobs": "Operating points"}
-    modules = {"cli": cli_latency, "overhead": overhead, "roofline": roofline, "backends": backends, "knobs": knobs}
+              "backends": "Backend comparison (25M Llama preset)", "knobs": "Operating points",
+              "checkpoint": "Steady step time after the first checkpoint / checkpoints off",
+              "precision": "bf16 vs fp32 on CPU", "compile": "torch.compile on CPU"}
+    modules = {"cli": cli_latency, "overhead": overhead, "roofline": roofline, "backends": backends, "knobs": knobs,
+               "checkpoint": checkpoint_steady, "precision": precision, "compile": torch_compile}
     for name in ORDER:
         if name in results:
             parts.append(f"## {titles[name]}\n\n{modules[name].markdown(results[name])}")
@@ -99,17 +111,25 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = backends.run(args.quick)
         elif name == "knobs":
             results[name] = knobs.run(args.quick)
+        elif name == "checkpoint":
+            results[name] = checkpoint_steady.run(args.quick)
+        elif name == "precision":
+            results[name] = precision.run(args.quick)
+        elif name == "compile":
+            results[name] = torch_compile.run(args.quick)
         results[name]["elapsed_s"] = time.perf_counter() - t
         print(f"   {name}: {results[name]['elapsed_s']:.0f} s", flush=True)
     if "roofline" in results:  # achieved numbers come from the training runs, whichever ran
-        # MFU against the best fp32 GEMM this machine showed in this run (sweep or preflight): on a
-        # shared box a loaded moment only ever lowers a measurement, so the best one is the capability.
+        # MFU against the device peak (fastest native dtype's best GEMM in this run, sweep or preflight):
+        # on a shared box a loaded moment only ever lowers a measurement, so the best one is the capability.
         rl = results["roofline"]
-        peak = max(rl["peak_gflops_fp32"], rl["preflight_gemm_gflops"]["max"] or 0)
+        fp32_peak = max(rl["peak_gflops_fp32"], rl["preflight_gemm_gflops"]["max"] or 0)
+        peak = max(fp32_peak, rl["peak_gflops_bf16"]) if rl["bf16_native"] else fp32_peak
         rl["peak_gflops_for_mfu"] = peak
         for backend, a in _achieved(results).items():
             if a.get("tflops") is not None:
                 a["mfu_vs_measured_peak"] = a["tflops"] * 1e3 / peak
+                a["mfu_vs_fp32_peak"] = a["tflops"] * 1e3 / fp32_peak
             results["roofline"]["achieved"][backend] = a
     meta["total_s"] = time.perf_counter() - start
     for name, data in results.items():

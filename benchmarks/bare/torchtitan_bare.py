@@ -39,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dp-shard", type=int, default=-1)
     p.add_argument("--dp-replicate", type=int, default=1)
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--checkpoint-interval", type=int, default=0, help="0: checkpoints off (default)")
+    p.add_argument("--without-patch", action="append", default=[], metavar="NAME",
+                   help="leave this Primus patch out (to measure the upstream behaviour it fixes)")
     return p.parse_args(argv)
 
 
@@ -145,6 +148,8 @@ def build_config(args: argparse.Namespace):
     par.spmd_backend = "partial_dtensor"         # spmd_types fails with >1 rank on torch 2.13 CPU
     ck = cfg.checkpoint
     ck.enable, ck.interval, ck.keep_latest_k, ck.last_save_model_only, ck.folder = False, 500, 3, False, "checkpoints"
+    if args.checkpoint_interval:
+        ck.enable, ck.interval = True, args.checkpoint_interval
     cfg.compile.enable = args.compile
     cfg.dataloader.dataset, cfg.dataloader.dataset_path = "jsonl", str(assets / "corpus")
     cfg.metrics.log_freq, cfg.metrics.enable_tensorboard, cfg.metrics.disable_color_printing = 1, False, True
@@ -155,9 +160,11 @@ def build_config(args: argparse.Namespace):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from primus.backends.torchtitan.patches import apply_patches  # CPU-only host: see module docstring
+    from primus.backends.torchtitan.patches import PATCHES  # CPU-only host: see module docstring
 
-    apply_patches()
+    for patch in PATCHES:
+        if patch.name not in args.without_patch and patch.applies():
+            patch.apply()
     import torch.distributed as dist
     from torchtitan.tools.logging import init_logger
 

@@ -46,3 +46,155 @@ def peak_tflops(device_name: str, dtype: str = "bf16", override: float | None = 
     if key is None:
         return None
     return PEAK_TFLOPS[key].get(dtype)
+
+
+# --- CPUs: no data sheet to read, so the peak is measured (a GEMM probe, cached per host) -------
+
+CPU_BF16_ENV = "PRIMUS_CPU_BF16"  # auto (default) | force | off: bf16 on a CPU without native bf16 units
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def cpu_bf16_native() -> str | None:
+    """The CPU's native bf16 matmul unit (``amx_bf16`` or ``avx512_bf16``), or ``None``: without one,
+    oneDNN emulates bf16 by converting to fp32, slower than fp32 itself (measured ~5x on an AVX-512
+    Xeon without AVX512-BF16). Asks torch's cpuid probe, then /proc/cpuinfo."""
+    try:
+        import torch
+
+        if torch.cpu._is_amx_tile_supported() and torch._C._cpu._get_cpu_capability().get("amx_bf16"):
+            return "amx_bf16"
+        if torch.cpu._is_avx512_bf16_supported():
+            return "avx512_bf16"
+        return None
+    except (AttributeError, ImportError, RuntimeError):
+        pass
+    try:
+        flags = next(line for line in open("/proc/cpuinfo", encoding="utf-8") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return None
+    return next((flag for flag in ("amx_bf16", "avx512_bf16") if flag in flags), None)
+
+
+def cpu_bf16_decision() -> tuple[bool, str]:
+    """Whether bf16 asked for on this CPU is kept, and why (the reason goes into a derived line).
+    ``PRIMUS_CPU_BF16=force`` keeps it on any CPU (to test the bf16 path), ``off`` never."""
+    mode = os.environ.get(CPU_BF16_ENV, "auto").strip().lower()
+    if mode in ("force", "1", "on", "true"):
+        return True, f"{CPU_BF16_ENV}={mode}"
+    if mode in ("off", "0", "false"):
+        return False, f"{CPU_BF16_ENV}={mode}"
+    unit = cpu_bf16_native()
+    if unit:
+        return True, f"this CPU has {unit.upper().replace('_', '-')}"
+    return False, ("this CPU has no native bf16 (no AMX-BF16 / AVX512-BF16): bf16 matmuls would be emulated, "
+                   f"slower than fp32; {CPU_BF16_ENV}=force keeps bf16")
+
+
+def _peak_cache_path():
+    from pathlib import Path
+
+    root = os.environ.get("PRIMUS_PEAK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "primus", "cpu_peaks.json")
+    return Path(root)
+
+
+def cpu_peak_key(dtype: str, threads: int) -> str:
+    import torch
+
+    return f"{cpu_model()} | torch {torch.__version__} | {threads} threads | {dtype}"
+
+
+def measure_cpu_gemm_tflops(dtype: str = "fp32", threads: int | None = None, budget_s: float = 0.5) -> float:
+    """Best-of GEMM throughput of this process (TFLOP/s) within about ``budget_s`` (first call
+    included): square matmuls of a few ms each, best trial kept (load only ever lowers a trial)."""
+    import time
+
+    import torch
+
+    if threads:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+    try:
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        n = 1024 if dtype == "fp32" or cpu_bf16_native() else 512
+        a, b = torch.randn(n, n, dtype=torch_dtype), torch.randn(n, n, dtype=torch_dtype)
+        best, start = 0.0, time.perf_counter()
+        torch.mm(a, b)  # first call: thread pool and kernel selection
+        while True:
+            t = time.perf_counter()
+            for _ in range(4):
+                torch.mm(a, b)
+            best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
+            if time.perf_counter() - start > budget_s:
+                return best / 1e12
+    finally:
+        if threads:
+            torch.set_num_threads(previous)
+
+
+def _read_peaks() -> dict[str, float]:
+    import json
+
+    try:
+        return json.loads(_peak_cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def record_cpu_peak(dtype: str, threads: int, tflops: float) -> None:
+    """Keep the best measurement per (CPU model, torch, threads, dtype); e.g. from ``primus preflight``."""
+    import json
+
+    key = cpu_peak_key(dtype, threads)
+    peaks = _read_peaks()
+    if tflops <= peaks.get(key, 0.0):
+        return
+    peaks[key] = tflops
+    path = _peak_cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(peaks, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # two ranks writing at once: one complete file wins
+    except OSError:
+        pass  # a read-only home: the peak is measured again next time
+
+
+def cpu_peak_tflops(dtype: str, threads: int, *, probe: bool = True) -> tuple[float | None, str]:
+    """(peak TFLOP/s, where it came from) for this CPU at ``threads`` intra-op threads."""
+    cached = _read_peaks().get(cpu_peak_key(dtype, threads))
+    if cached:
+        return cached, f"measured {dtype} GEMM, {threads} threads, cached in {_peak_cache_path()}"
+    if not probe:
+        return None, "not measured yet on this host"
+    tflops = measure_cpu_gemm_tflops(dtype, threads)
+    record_cpu_peak(dtype, threads, tflops)
+    return tflops, f"measured {dtype} GEMM just now, {threads} threads (cached in {_peak_cache_path()})"
+
+
+def device_peak(device_name: str, dtype: str = "bf16", override: float | None = None, *,
+                probe: bool = True) -> tuple[float | None, str]:
+    """(peak TFLOP/s for MFU, its source) on any device: an explicit override, the data-sheet
+    table for known accelerators, a measured GEMM on CPU. The CPU's peak is its fastest native
+    dtype: the bf16 peak where bf16 units exist, the fp32 peak otherwise (unless fp32 is asked)."""
+    table = peak_tflops(device_name, dtype, override)
+    if table is not None:
+        return table, "override" if (override or os.environ.get("PRIMUS_PEAK_TFLOPS")) else f"{device_name} data sheet"
+    if device_name.lower() != "cpu":
+        return None, f"no peak known for {device_name}"
+    import torch
+
+    if dtype == "bf16" and not cpu_bf16_native():
+        dtype = "fp32"
+    return cpu_peak_tflops(dtype, torch.get_num_threads(), probe=probe)

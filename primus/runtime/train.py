@@ -14,7 +14,7 @@ from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import setup_logging
 from primus.runtime.adapter import EnginePlan, ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
-from primus.plan.devices import peak_tflops
+from primus.plan.devices import device_peak
 from primus.runtime.metrics import MetricsReporter
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import PREEMPTED_EXIT, PREEMPTED_MARKER, Preempted, StopSignal
@@ -59,7 +59,9 @@ def train_worker(payload: dict[str, Any]) -> int:
     primus_opts = params.get("primus") or {}
     if primus_opts.get("hf_token"):
         os.environ.setdefault("HF_TOKEN", primus_opts["hf_token"])
-    peak = peak_tflops(device_name, primus_opts.get("peak_dtype", "bf16"), primus_opts.get("peak_tflops"))
+    # perf (#17): a peak on every device (measured GEMM on CPU, cached per host); rank 0 reports MFU
+    peak, peak_source = device_peak(device_name, primus_opts.get("peak_dtype", "bf16"),
+                                    primus_opts.get("peak_tflops"), probe=rank == 0)
     reporter = MetricsReporter(run_dir, rank=rank, world_size=world_size, device=device, peak_tflops=peak,
                                enable_tensorboard=primus_opts.get("tensorboard", True))
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -73,6 +75,7 @@ def train_worker(payload: dict[str, Any]) -> int:
                           stage=adapter.canonical_stage(section["stage"]), params=params)
     logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),
                 device_name, rank, world_size, module.stage)
+    logger.info("MFU peak: %s TFLOP/s per device (%s)", "n/a" if peak is None else f"{peak:.4g}", peak_source)
     try:
         # the same plan the launcher built, rebuilt from config.resolved.yaml for this rank's run dir and device
         plan = _HANDED_OVER.pop((str(run_dir), module_name), None) or \

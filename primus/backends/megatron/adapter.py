@@ -73,6 +73,13 @@ class MegatronAdapter(BackendAdapter):
             _build_tiny_sft_assets(module, lambda message: None)  # [#15] the model is read from the files it builds
         derived: list[tuple[str, Any, str]] = []
         args = parse_args(megatron_params(module.params, derived), module=module.name, provenance=provenance)
+        if args.bf16 and not device.startswith("cuda"):  # perf (#17): bf16 only where the CPU has bf16 units
+            from primus.plan.devices import cpu_bf16_decision
+
+            keep, reason = cpu_bf16_decision()
+            if not keep:
+                args.bf16 = False
+                derived.append(("bf16", False, reason))
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
         model, layout = describe(args, module.params.get("model"), world_size)

@@ -111,7 +111,8 @@ class AutoModelAdapter(BackendAdapter):
 
     def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
         from primus.backends.nemo_automodel.hooks import StepTap
-        from primus.backends.nemo_automodel.patches import check_version, keep_primus_logging, one_train_line
+        from primus.backends.nemo_automodel.patches import (check_version, checkpoint_on_transient_group,
+                                                           keep_primus_logging, one_train_line)
 
         check_version(self.require_installed(), ctx.logger.warning)
         plan.log_derived(ctx)
@@ -130,12 +131,12 @@ class AutoModelAdapter(BackendAdapter):
         from nemo_automodel.recipes.diffusion.train import TrainDiffusionRecipe
 
         recipe = TrainDiffusionRecipe(ConfigNode(cfg))
-        with keep_primus_logging():
+        with keep_primus_logging(), checkpoint_on_transient_group():  # perf #17: resume loads too
             recipe.setup()
         self._log_sigma_window(recipe, ctx.logger)
         tap = StepTap(recipe, ctx.report_step, ctx.should_stop)
         try:
-            with one_train_line():
+            with one_train_line(), checkpoint_on_transient_group():  # perf #17: no OpenMP pools left
                 recipe.run_train_validation_loop()
         finally:
             tap.close()

@@ -251,7 +251,8 @@ def run(plan: "EnginePlan", ctx: "RunContext") -> None:
     from nemo_automodel.components.config.loader import ConfigNode
     from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
 
-    from primus.backends.nemo_automodel.patches import keep_primus_logging, llm_recipe_on_cpu
+    from primus.backends.nemo_automodel.patches import (checkpoint_on_transient_group, keep_primus_logging,
+                                                       llm_recipe_on_cpu)
     from primus.runtime.preemption import Preempted
 
     cfg = plan.engine_config
@@ -261,11 +262,11 @@ def run(plan: "EnginePlan", ctx: "RunContext") -> None:
     ctx.logger.info("nemo_automodel sft: %s of the Hugging Face checkpoint %s", peft,
                     cfg["model"]["pretrained_model_name_or_path"])
     recipe = TrainFinetuneRecipeForNextTokenPrediction(ConfigNode(cfg))
-    with keep_primus_logging(), llm_recipe_on_cpu(setup=True):
+    with keep_primus_logging(), llm_recipe_on_cpu(setup=True), checkpoint_on_transient_group():
         recipe.setup()
     tap = LLMStepTap(recipe, ctx, plan.flops_per_token)
     try:
-        with keep_primus_logging(), llm_recipe_on_cpu(setup=False):
+        with keep_primus_logging(), llm_recipe_on_cpu(setup=False), checkpoint_on_transient_group():
             recipe.run_train_validation_loop()
     finally:
         tap.close()

@@ -101,6 +101,33 @@ def one_train_line() -> Iterator[None]:
         root.removeFilter(drop)
 
 
+@contextmanager
+def checkpoint_on_transient_group() -> Iterator[None]:
+    """Run AutoModel's checkpoint ``dcp.save``/``dcp.load`` on a transient gloo group (CPU hosts).
+
+    Why: ``Checkpointer`` (0.7.0) calls DCP on the default process group unless given one. On
+    gloo with more than one intra-op thread, the plan gathers leave an OpenMP thread pool in each
+    gloo worker thread that copies them (measured: two extra pools after the first save of the
+    tiny Wan), and libgomp then throttles every OpenMP worker's spin-wait for the rest of the run.
+    Each save/load on its own group, destroyed right after, takes the pools with it (root cause
+    and mechanism: ``primus/backends/dcp_group.py``). Scoped: the engine's module is restored on exit.
+    """
+    import torch
+
+    import nemo_automodel.components.checkpoint.checkpointing as checkpointing
+    from primus.backends.dcp_group import DCPOnTransientGroup
+
+    original = checkpointing.dcp
+    if torch.cuda.is_available() or isinstance(original, DCPOnTransientGroup):
+        yield
+        return
+    checkpointing.dcp = DCPOnTransientGroup(original)
+    try:
+        yield
+    finally:
+        checkpointing.dcp = original
+
+
 # -- [#15] the LLM recipe on a CPU-only torch --------------------------------------------------
 def _to_cpu(device: Any) -> Any:
     import torch

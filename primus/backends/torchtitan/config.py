@@ -231,9 +231,7 @@ def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
     if not cfg.training.disable_cuda_graphs:
         cfg.training.disable_cuda_graphs = True
         ctx.derived.append(("training.disable_cuda_graphs", True, "no CUDA on this host"))
-    if cfg.training.mixed_precision_param != "float32":
-        cfg.training.mixed_precision_param = "float32"
-        ctx.derived.append(("training.mixed_precision_param", "float32", "bf16 FSDP mixed precision is GPU-only here"))
+    _derive_cpu_bf16(cfg, ctx)
     if cfg.optimizer.implementation in ("fused", "fused_opt_states_bf16"):
         cfg.optimizer.implementation = "foreach"
         ctx.derived.append(("optimizer.implementation", "foreach", "fused AdamW kernels are CUDA-only"))
@@ -241,3 +239,22 @@ def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
         cfg.parallelism.spmd_backend = "partial_dtensor"
         ctx.derived.append(("parallelism.spmd_backend", "partial_dtensor",
                             "spmd_types fails with >1 rank on torch 2.13 CPU"))
+
+
+def _derive_cpu_bf16(cfg: Any, ctx: BuildContext) -> None:
+    """bf16 on CPU (FSDP2's ``MixedPrecisionPolicy``, which TorchTitan installs even on one rank, or
+    full-bf16 ``training.dtype``) is kept where the CPU has bf16 units (AMX-BF16 / AVX512-BF16); on
+    one without, oneDNN emulates bf16 slower than fp32, so fp32 is derived, said in one line."""
+    from primus.plan.devices import cpu_bf16_decision
+
+    asked = [key for key, value in (("training.mixed_precision_param", cfg.training.mixed_precision_param),
+                                    ("training.dtype", cfg.training.dtype)) if value == "bfloat16"]
+    if not asked:
+        return
+    keep, reason = cpu_bf16_decision()
+    if keep:
+        return
+    for key in asked:
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, "float32")
+        ctx.derived.append((key, "float32", reason))

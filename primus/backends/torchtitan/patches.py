@@ -141,6 +141,21 @@ def gloo_sum_reduction() -> None:
     fsdp.disable_fsdp_gradient_division = disable_division_with_sum
 
 
+def checkpoint_on_transient_group() -> None:
+    """TorchTitan's synchronous checkpoint save/load calls ``dcp.save``/``dcp.load`` on the default
+    process group. On a CPU host (gloo) with more than one intra-op thread, the plan gathers leave
+    an OpenMP thread pool in each gloo worker thread that copies them, and libgomp then throttles
+    every OpenMP worker's spin-wait for the rest of the run: steps after the first checkpoint took
+    ~2x as long (tiny demo, 2 cores). Each save/load now runs on its own gloo group, destroyed
+    right after, which takes the pools with it (root cause: ``primus/backends/dcp_group.py``).
+    Async modes keep the group TorchTitan gives them."""
+    import torchtitan.components.checkpointer.dcp as checkpointer
+
+    from primus.backends.dcp_group import route_dcp_through_transient_groups
+
+    route_dcp_through_transient_groups(checkpointer)
+
+
 def _triton_missing() -> bool:
     return importlib.util.find_spec("triton") is None
 
@@ -160,6 +175,8 @@ PATCHES = [
           _torch_lacks_set_timeout, set_timeout_alias),
     Patch("gloo_sum_reduction", gloo_sum_reduction.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"), _no_cuda,
           gloo_sum_reduction),
+    Patch("checkpoint_on_transient_group", checkpoint_on_transient_group.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), _no_cuda, checkpoint_on_transient_group),
 ]
 
 _applied: list[str] = []

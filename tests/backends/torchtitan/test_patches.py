@@ -15,7 +15,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 def test_patches_are_named_gated_and_explained():
     names = [p.name for p in PATCHES]
-    assert names == ["cpu_device_type", "triton_import_stub", "set_timeout_alias", "gloo_sum_reduction"]
+    assert names == ["cpu_device_type", "triton_import_stub", "set_timeout_alias", "gloo_sum_reduction",
+                     "checkpoint_on_transient_group"]
     for patch in PATCHES:
         assert patch.why and str(patch.versions) and patch.applies() in (True, False)
 
