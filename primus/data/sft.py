@@ -6,7 +6,7 @@ A JSONL file holds one conversation per line, either
   rendered with the tokenizer's own chat template, or
 * ``{"prompt": ..., "response": ...}`` (also ``input``/``output``, or Alpaca's
   ``instruction`` + ``input`` + ``output``), rendered with the chat template as one user and
-  one assistant turn, or as Alpaca / plain text (``conversation_format``).
+  one assistant turn, or as Alpaca / ChatML / plain text (``conversation_format``).
 
 Loss is taken on response tokens only: everything the template writes for an assistant turn
 (its content and end-of-turn marker) and the final end-of-sequence token; system and user
@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from primus.config.errors import ConfigError
 
 IGNORE_INDEX = -100  # the label both engines' cross-entropy skips (torch's default ignore_index)
-FORMATS = ("auto", "chat_template", "alpaca", "plain")
+FORMATS = ("auto", "chat_template", "alpaca", "chatml", "plain")
 _ALPACA_HEADER = ("Below is an instruction that describes a task. "
                   "Write a response that appropriately completes the request.\n\n")
 
@@ -47,7 +47,7 @@ class SFTDataSpec(BaseModel):
     path: str = Field(description="JSONL file, or a folder of *.jsonl files")
     valid_path: str | None = Field(None, description="validation JSONL; default: a split of `path`")
     valid_fraction: float = Field(0.05, ge=0, lt=1, description="share of `path` held out when no valid_path")
-    conversation_format: Literal["auto", "chat_template", "alpaca", "plain"] = "auto"
+    conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
     packing: bool = Field(False, description="several conversations per sequence (else one, padded)")
     seed: int = 1234
 
@@ -184,12 +184,18 @@ def render(record: dict[str, Any], tokenizer, conversation_format: str = "auto",
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
         return _render_chat(messages, tokenizer, where)
+    tail = ""
     if fmt == "alpaca":  # AMD Primus / Stanford Alpaca wording
         head = (f"{system}\n\n" if system else _ALPACA_HEADER) + f"### Instruction:\n{prompt}\n\n### Response:\n"
+    elif fmt == "chatml":  # AMD Primus's ChatML; the end-of-turn marker is learned too
+        head = (f"<|im_start|>system\n{system}<|im_end|>\n" if system else "") + \
+            f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+        tail = "<|im_end|>"
     else:
         head = (f"{system}\n\n" if system else "") + prompt
     bos = tokenizer.bos_token or ""
-    return bos + head + response, [(len(bos) + len(head), len(bos) + len(head) + len(response))]
+    start = len(bos) + len(head)
+    return bos + head + response + tail, [(start, start + len(response) + len(tail))]
 
 
 def tokenize(record: dict[str, Any], tokenizer, conversation_format: str = "auto",

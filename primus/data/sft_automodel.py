@@ -40,7 +40,7 @@ class SFTDatasetConfig:
     split: Literal["train", "valid"] = "train"
     valid_path: str | None = None
     valid_fraction: float = 0.05
-    conversation_format: Literal["auto", "chat_template", "alpaca", "plain"] = "auto"
+    conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
     seq_length: int = 2048
     seed: int = 1234
     accepts_tokenizer: ClassVar[bool] = True

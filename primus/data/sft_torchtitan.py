@@ -52,7 +52,7 @@ class SFTDataLoader(ParallelAwareDataloader):
         """Validation JSONL; default: ``valid_fraction`` of ``dataset_path`` held out."""
 
         valid_fraction: float = 0.05
-        conversation_format: Literal["auto", "chat_template", "alpaca", "plain"] = "auto"
+        conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
         packing: bool = False
         """Several conversations per sequence (needs document-aware attention: flex or varlen)."""
 

@@ -35,7 +35,7 @@ class MegatronPostTrainingKeys(BaseModel):
     sft_dataset_name: str | None = Field(None, description="instruction JSONL file or folder (stage sft)")
     sft_valid_dataset_name: str | None = None
     sft_valid_fraction: float = Field(0.05, ge=0, lt=1)
-    sft_conversation_format: Literal["auto", "chat_template", "alpaca", "plain"] = "auto"
+    sft_conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
     enable_packed_sequences: bool = False
 
 

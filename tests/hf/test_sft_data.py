@@ -43,14 +43,18 @@ def test_multi_turn_messages_supervise_every_assistant_turn_only(tokenizer):
     assert _supervised_text(tokenizer, example) == "Hello.<|end|>Goodbye.<|end|><|end_of_text|>"
 
 
-@pytest.mark.parametrize("fmt, head", [("alpaca", "### Response:\n"), ("plain", "What is 1 plus 1?")])
-def test_text_formats_mask_the_prompt(tokenizer, fmt, head):
+@pytest.mark.parametrize("fmt, head, learned", [
+    ("alpaca", "### Response:\n", "2.<|end_of_text|>"),
+    ("chatml", "<|im_start|>assistant\n", "2.<|im_end|><|end_of_text|>"),
+    ("plain", "What is 1 plus 1?", "2.<|end_of_text|>"),
+])
+def test_text_formats_mask_the_prompt(tokenizer, fmt, head, learned):
     from primus.data.sft import tokenize
 
     example = tokenize({"instruction": "What is 1 plus 1?", "output": "2."}, tokenizer, fmt)
     text = tokenizer.decode(example.tokens)
     assert text.startswith("<|begin_of_text|>") and head in text
-    assert _supervised_text(tokenizer, example) == "2.<|end_of_text|>"
+    assert _supervised_text(tokenizer, example) == learned
 
 
 def test_labels_are_shifted_and_padding_carries_no_loss(tokenizer):
