@@ -72,35 +72,33 @@ def _pick_step(steps: dict[int, Path], step: int | None, root: Path) -> tuple[in
 
 
 # -- Megatron ------------------------------------------------------------------------------------
+def _plan(framework: str, run_dir: Path, name: str, section: dict[str, Any]):
+    """The run's own plan, rebuilt from its resolved config (as each of its workers did)."""
+    from primus.runtime.adapter import ModuleConfig
+    from primus.runtime.registry import get_adapter
+
+    adapter = get_adapter(framework)
+    module = ModuleConfig(name, framework, adapter.canonical_stage(section.get("stage", "pretrain")), section["params"])
+    return adapter.plan(module, None, run_dir=run_dir, device="cpu")
+
+
 def _megatron(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
-    from primus.backends.megatron.checkpoint import iteration_dir
+    """Megatron torch_dist: its tensors have the layout-free keys and global shapes of ``primus.hf.megatron``."""
     from primus.hf.megatron import megatron_to_hf
 
-    params = section["params"]
-    root = Path(params["save"]).expanduser() if params.get("save") else run_dir / "checkpoints"
+    plan = _plan("megatron", run_dir, name, section)
+    root = plan.checkpoint.directory
     steps = {int(m.group(1)): p for p in root.glob("iter_*") if (m := re.fullmatch(r"iter_(\d+)", p.name))
              and (p / "metadata.json").exists()}
     step, path = _pick_step(steps, step, root)
-    assert path == iteration_dir(root, step)
-    source, spec, tokenizer = _megatron_model(params)
-    tensors = read_dcp_tensors(path, lambda key: not key.startswith(("optimizer", "rng_state")))
-    return megatron_to_hf(tensors, spec), spec, source, tokenizer, path, step
-
-
-def _megatron_model(params: dict[str, Any]) -> tuple[Path | None, ModelSpec, str | None]:
-    """(HF folder it started from, the model, the tokenizer folder)."""
-    if params.get("hf_path"):
+    source, spec = None, plan.model
+    if plan.checkpoint.format == "hf":  # the HF model it started from: its config and unpadded vocabulary
         from primus.hf.config import model_spec_from_hf, read_config
 
-        source = Path(params["hf_path"]).expanduser().absolute()
-        return source, model_spec_from_hf(read_config(source)), params.get("tokenizer_model") or str(source)
-    from primus.backends.megatron.plan import plan_inputs
-
-    spec, _ = plan_inputs(params, world_size=1)
-    tokenizer = params.get("tokenizer_model")
-    if tokenizer is None and (params.get("primus") or {}).get("tiny_assets"):
-        tokenizer = str(Path(params["primus"]["tiny_assets"]).expanduser() / "tokenizer")
-    return None, spec, tokenizer
+        source = Path(plan.checkpoint.load)
+        spec = model_spec_from_hf(read_config(source))
+    tensors = read_dcp_tensors(path, lambda key: not key.startswith(("optimizer", "rng_state")))
+    return megatron_to_hf(tensors, spec), spec, source, plan.engine_config.tokenizer_model, path, step
 
 
 # -- TorchTitan ----------------------------------------------------------------------------------
@@ -109,15 +107,8 @@ _TORCHTITAN_STATE = ("optimizer", "lr_scheduler", "dataloader", "train_state")
 
 def _torchtitan(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
     """Through the run's own plan: the model TorchTitan built and its own state-dict adapter's ``to_hf``."""
-    from primus.hf.torchtitan_start import hf_source
-    from primus.runtime.adapter import ModuleConfig
-    from primus.runtime.registry import get_adapter
-
-    adapter = get_adapter("torchtitan")
-    module = ModuleConfig(name, "torchtitan", adapter.canonical_stage(section.get("stage", "pretrain")),
-                          section["params"])
-    plan = adapter.plan(module, None, run_dir=run_dir, device="cpu")
-    root = run_dir / "checkpoints"
+    plan = _plan("torchtitan", run_dir, name, section)
+    root = plan.checkpoint.directory
     steps = {int(m.group(1)): p for p in root.glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name))
              and (p / ".metadata").exists()}
     step, path = _pick_step(steps, step, root)
@@ -156,18 +147,17 @@ def merge_lora(base: dict[str, Any], adapter_dir: Path) -> dict[str, Any]:
 
 
 def _automodel(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
+    """AutoModel's LLM recipe: a PEFT adapter merged into its base model, or its consolidated weights."""
     from primus.hf.checkpoint import HFCheckpoint
     from primus.hf.config import model_spec_from_hf
 
-    params = section["params"]
-    model = (params.get("model") or {}).get("pretrained_model_name_or_path")
-    tiny = (params.get("primus") or {}).get("tiny_assets")
-    if not model and tiny:
-        model = str(Path(tiny).expanduser() / "hf" / "llama_tiny")
-    if not model or not Path(model).expanduser().is_dir():
-        raise ConfigError(f"{run_dir}: export needs the run's base model as a local folder (got {model!r})")
-    source = Path(model).expanduser().absolute()
-    root = run_dir / "checkpoints"
+    plan = _plan("nemo_automodel", run_dir, name, section)
+    if plan.module.stage != "sft":
+        raise ConfigError(f"{run_dir}: only AutoModel's LLM runs (stage sft) export to a Hugging Face LLM folder")
+    source = Path(plan.engine_config["model"]["pretrained_model_name_or_path"])
+    if not source.is_dir():
+        raise ConfigError(f"{run_dir}: export needs the run's base model as a local folder (got {source})")
+    root = plan.checkpoint.directory
     steps = {int(m.group(1)) + 1: p / "model" for p in root.glob("epoch_*_step_*")
              if (m := re.fullmatch(r"epoch_\d+_step_(\d+)", p.name)) and (p / "model").is_dir()}
     step, path = _pick_step(steps, step, root)
