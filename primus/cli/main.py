@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     # launcher), keep their chatter off the user's terminal. Workers install real handlers.
     if not logging.getLogger().handlers:
         logging.getLogger().addHandler(logging.NullHandler())
+    # torch >= 2.13 logs a deprecation through its own stderr handler when torchao (installed for
+    # AutoModel's LLM recipe, imported by TorchTitan too) registers its Enums at import: not the user's
+    # business, and it would break the one-line error of a bad experiment. [#15]
+    logging.getLogger("torch.utils._pytree").addFilter(
+        lambda record: "register_constant() on Enum subclasses is deprecated" not in str(record.msg))
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if not getattr(args, "handler", None):
