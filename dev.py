@@ -91,6 +91,10 @@ def main(argv: list[str]) -> int:
         demo = ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml"
         return subprocess.call([str(BIN / "primus"), "train", str(demo), *rest], env=env, cwd=ROOT)
     ensure_test_system_packages()
+    # Tests start many engine processes on few cores: libgomp's default spin-wait makes an idle
+    # OpenMP worker burn the core another process needs (measured 70-150x slower steps under load;
+    # docs/performance.md). Sleeping waiters cost little when a core is free.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], env=env, cwd=ROOT)
 
 

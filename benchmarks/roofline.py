@@ -140,7 +140,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         f"- fp32 GEMM (torch.mm, {r['threads']} threads), median GFLOP/s by size: {sizes}",
         f"- **peak fp32 GEMM: {fmt(r['peak_gflops_fp32'], '.1f')} GFLOP/s** (best trial of the sweep)",
-        f"- bf16 GEMM, median GFLOP/s by size: "
+        "- bf16 GEMM, median GFLOP/s by size: "
         + " · ".join(f"n={n}: {fmt(s['median'], '.1f')}" for n, s in r["gemm_bf16_gflops_by_n"].items())
         + f"; **peak bf16 {fmt(r['peak_gflops_bf16'], '.1f')} GFLOP/s = {fmt(r['bf16_over_fp32_gemm'], '.2f')}× fp32**; "
           f"bf16 units: {r['bf16_native'] or 'none (oneDNN emulates bf16)'}",
