@@ -10,6 +10,7 @@ with SDPA is refused before training (``check_packing``).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,6 +43,18 @@ class SFTIterable(IterableDataset, Stateful):
         self.index = state_dict["index"]
 
 
+@functools.lru_cache(maxsize=4)
+def _splits(spec: SFTDataSpec, tokenizer_path: str, seq_len: int):
+    """Tokenized (and said) once per process: TorchTitan's validator builds its dataloader at every evaluation."""
+    import logging
+
+    train, valid = build_splits(spec, load_tokenizer(tokenizer_path), seq_len)
+    for name, data in (("train", train), ("valid", valid)):
+        if data is not None:
+            logging.getLogger("primus.sft").info(describe(name, data, spec.packing))
+    return train, valid
+
+
 class SFTDataLoader(ParallelAwareDataloader):
     """Primus instruction data (``primus.data.sft``) for TorchTitan's trainer and validator."""
 
@@ -67,15 +80,11 @@ class SFTDataLoader(ParallelAwareDataloader):
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
                  local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs):
-        import logging
-
-        hf_tokenizer = load_tokenizer(getattr(tokenizer, "tokenizer_path"))
-        train, valid = build_splits(config.spec(), hf_tokenizer, seq_len)
+        train, valid = _splits(config.spec(), getattr(tokenizer, "tokenizer_path"), seq_len)
         sequences = train if config.split == "train" else valid
         if sequences is None:
             raise ValueError("SFT validation needs held-out data: set dataloader.valid_fraction > 0 or "
                              "dataloader.valid_dataset_path")
-        logging.getLogger("primus.sft").info(describe(config.split, sequences, config.packing))
         super().__init__(SFTIterable(sequences, dp_rank, dp_world_size, config.infinite), dp_rank=dp_rank,
                          dp_world_size=dp_world_size, num_workers=config.num_workers,
                          persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,

@@ -84,6 +84,9 @@ def finish_sft_config(cfg, attn_backend: str, fail) -> list[tuple[str, Any, str]
                                          "varlen); causal SDPA would let them attend to each other. Use packing: "
                                          "false (one conversation per sequence, padded)")
     derived = []
+    if cfg.validator.enable and not loader.valid_dataset_path and loader.valid_fraction <= 0:
+        raise fail("validator.enable", "validation needs held-out instructions: dataloader.valid_fraction > 0 or "
+                                       "dataloader.valid_dataset_path")
     if cfg.validator.enable:
         cfg.validator.dataloader = replace(loader, split="valid", infinite=cfg.validator.steps != -1)
         derived.append(("validator.dataloader", "the held-out instruction split", "stage sft"))
