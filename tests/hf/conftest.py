@@ -11,12 +11,13 @@ def hf_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf_models")
     built = {}
 
-    def get(family: str = "llama"):
-        if family not in built:
+    def get(family: str = "llama", **shape):
+        key = family + "".join(f"-{k}={v}" for k, v in sorted(shape.items()))
+        if key not in built:
             from primus.hf.tiny import build_tiny_hf_model
 
-            built[family] = build_tiny_hf_model(root / family, family, seed=7)
-        return built[family]
+            built[key] = build_tiny_hf_model(root / key, family, seed=7, **shape)
+        return built[key]
 
     return get
 

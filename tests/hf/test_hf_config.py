@@ -73,16 +73,19 @@ def test_megatron_qkv_layout_groups_heads_and_inverts_exactly():
     assert all(torch.equal(a, b) for a, b in zip(_split_qkv(fused, spec), (q, k, v)))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mixtral"])
-def test_megatron_rules_invert_exactly(family, hf_models):
+@pytest.mark.parametrize("family, shape", [("llama", {}), ("llama", {"tie_word_embeddings": True}), ("qwen2", {}),
+                                           ("qwen3", {}), ("mixtral", {})])
+def test_megatron_rules_invert_exactly(family, shape, hf_models):
     """HF -> megatron-core global tensors (layers and experts stacked, as torch_dist stores them) -> HF."""
     torch = pytest.importorskip("torch")
-    from primus.hf.checkpoint import HFCheckpoint
+    from primus.hf.checkpoint import HFCheckpoint, check_against_spec
     from primus.hf.config import model_spec_from_hf
     from primus.hf.megatron import LAYER, MegatronHFMapping, megatron_to_hf
 
-    checkpoint = HFCheckpoint(hf_models(family))
+    checkpoint = HFCheckpoint(hf_models(family, **shape))
     spec = model_spec_from_hf(checkpoint.config)
+    check_against_spec(checkpoint, spec, "test")
+    assert spec.tie_embeddings == ("lm_head.weight" not in checkpoint)
     mapping = MegatronHFMapping(spec)
     full = {}
     for key in ("embedding.word_embeddings.weight", "output_layer.weight", "decoder.final_layernorm.weight"):
