@@ -2,8 +2,8 @@
 
     torchrun --nproc-per-node 1 torchtitan_logits_worker.py HF_DIR INSTRUCTIONS.jsonl RUN_DIR OUT.json
 
-The trainer is built exactly as ``primus train`` builds it (TorchTitanAdapter params ->
-build_trainer_config -> Trainer), its checkpointer loads the HF safetensors through TorchTitan's
+The trainer is built from the plan ``primus train`` builds (TorchTitanAdapter.plan -> its
+``Trainer.Config`` -> Trainer), its checkpointer loads the HF safetensors through TorchTitan's
 Llama3StateDictAdapter (what ``Trainer.train()`` does first), then the model's logits on fixed
 tokens are compared with transformers' in fp32.
 """
@@ -19,20 +19,15 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from primus.backends.torchtitan.adapter import TorchTitanAdapter, register_local_datasets
-    from primus.backends.torchtitan.config import build_trainer_config
-    from primus.backends.torchtitan.patches import apply_patches
+    from primus.backends.torchtitan.adapter import TorchTitanAdapter
     from primus.runtime.adapter import ModuleConfig
 
-    apply_patches()
-    register_local_datasets()
     params = {"attn_backend": "sdpa", "hf_assets_path": str(hf_dir),
               "checkpoint": {"enable": True, "initial_load_in_hf": True},
               "dataloader": {"dataset_path": str(data)}, "training": {"steps": 1, "local_batch_size": 2, "seq_len": 32},
               "optimizer": {"lr": 1e-3}}
     module = ModuleConfig("pre_trainer", "torchtitan", "sft", params)
-    cfg, _, _ = build_trainer_config(TorchTitanAdapter()._params(module), run_dir=run_dir, device="cpu", stage="sft")
-    trainer = cfg.build()
+    trainer = TorchTitanAdapter().plan(module, 1, run_dir=run_dir, device="cpu").engine_config.build()
     assert trainer.checkpointer.load(step=-1), "no checkpoint loaded"
     tokens = torch.arange(3, 3 + 2 * 16).remainder(512).view(2, 16)
     model = trainer.model_parts[0]
