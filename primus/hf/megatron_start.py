@@ -95,10 +95,11 @@ def _keys(params: dict[str, Any], prefix: str, provenance=None) -> MegatronPostT
 
 
 def strip_post_training(params: dict[str, Any], derived: list | None = None, *, prefix: str = "modules.pre_trainer",
-                        provenance=None) -> dict[str, Any]:
+                        provenance=None, tiny_root: Path | None = None) -> dict[str, Any]:
     """``params`` without the post-training keys, with what ``hf_path`` implies filled in:
     the ``model:`` block from its config.json (when the network is not described otherwise) and the
-    tokenizer; an SFT run reads no pretraining ``data_path``."""
+    tokenizer; an SFT run reads no pretraining ``data_path``. An ``hf_path`` inside ``tiny_root``
+    (``primus.tiny_assets``) that does not exist yet is built first: its config.json is the model."""
     keys = _keys(params, prefix, provenance)
     params = {k: v for k, v in params.items() if k not in KEYS}
     note = derived.append if derived is not None else (lambda item: None)
@@ -107,6 +108,11 @@ def strip_post_training(params: dict[str, Any], derived: list | None = None, *, 
 
         hf_dir = Path(keys.hf_path).expanduser()
         if params.get("model") is None and not any(params.get(k) for k in _SHAPE_KEYS):
+            if not (hf_dir / "config.json").is_file() and tiny_root is not None \
+                    and hf_dir.absolute().is_relative_to(tiny_root):
+                from primus.hf.tiny import ensure_tiny_sft_assets
+
+                ensure_tiny_sft_assets(tiny_root)
             if not (hf_dir / "config.json").is_file():
                 where = f"{provenance.describe(prefix + '.hf_path')}: " if provenance is not None else ""
                 raise ConfigError(f"{where}{prefix}.hf_path: {hf_dir} has no config.json (a Hugging Face model "

@@ -33,7 +33,7 @@ def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] 
     # [#15 SFT/HF hook] hf_path / sft_* keys are Primus' (primus/hf/megatron_start.py): taken out here;
     # such a run names its files itself, so primus.tiny_assets only builds them (prepare), never overrides.
     names_its_files = is_post_training(params)
-    params = strip_post_training(params, derived)
+    params = strip_post_training(params, derived, tiny_root=root)
     if root is not None and not names_its_files:
         params.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / "tokenizer"),
                       data_path=[str(root / TINY_PREFIX)], mock_data=False)
@@ -70,7 +70,7 @@ class MegatronAdapter(BackendAdapter):
         # [#15] stage sft needs instruction data, and the post-training keys their types
         post_training(module.params, module.stage, prefix=f"modules.{module.name}", provenance=provenance)
         if is_post_training(module.params) and tiny_assets_dir(module.params) is not None:
-            _build_tiny_sft_assets(module, lambda message: None)  # [#15] the model is read from the files it builds
+            _build_tiny_sft_assets(module, lambda message: None)  # [#15] the files the run names exist from here on
         derived: list[tuple[str, Any, str]] = []
         args = parse_args(megatron_params(module.params, derived), module=module.name, provenance=provenance)
         if args.bf16 and not device.startswith("cuda"):  # perf (#17): bf16 only where the CPU has bf16 units
