@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -18,6 +19,7 @@ COMMANDS = [
     "primus.cli.data",
     "primus.preflight.cli",
     "primus.cli.plan",
+    "primus.cli.export",
 ]
 
 
@@ -48,6 +50,11 @@ def _main(argv: list[str] | None) -> int:
     # launcher), keep their chatter and Python warnings off the user's terminal: held for the
     # run's warning.log (an in-process rank), dropped otherwise. Workers install real handlers.
     hold_records_until_logs_exist(verbose="--verbose" in argv or bool(os.environ.get("PRIMUS_VERBOSE")))
+    # torch >= 2.13 logs a deprecation through its own stderr handler when torchao (installed for
+    # AutoModel's LLM recipe, imported by TorchTitan too) registers its Enums at import: not the user's
+    # business, and it would break the one-line error of a bad experiment. [#15]
+    logging.getLogger("torch.utils._pytree").addFilter(
+        lambda record: "register_constant() on Enum subclasses is deprecated" not in str(record.msg))
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if not getattr(args, "handler", None):

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
+from primus.hf.megatron_start import (check_post_training_inputs, hf_checkpoint_spec, is_post_training,
+                                     post_training, strip_post_training)
 from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 
@@ -28,7 +30,11 @@ def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] 
     extra = params.pop("primus", None) or {}
     # the block itself is checked against primus.config.schema.PrimusOptions before launch
     root = tiny_assets_dir({"primus": extra})
-    if root is not None:
+    # [#15 SFT/HF hook] hf_path / sft_* keys are Primus' (primus/hf/megatron_start.py): taken out here;
+    # such a run names its files itself, so primus.tiny_assets only builds them (prepare), never overrides.
+    names_its_files = is_post_training(params)
+    params = strip_post_training(params, derived, tiny_root=root)
+    if root is not None and not names_its_files:
         params.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / "tokenizer"),
                       data_path=[str(root / TINY_PREFIX)], mock_data=False)
         if derived is not None:
@@ -42,7 +48,7 @@ class MegatronAdapter(BackendAdapter):
     distribution = "megatron-core"
     import_probe = "megatron.core.models.gpt"
     extra = "megatron"
-    stages = ("pretrain",)
+    stages = ("pretrain", "sft")
     stage_aliases = {"train": "pretrain"}
     data_commands = ("primus.backends.megatron.data_cli",)
     plans_without_engine = True  # plan() reads Megatron-LM's argument table only: `config validate --no-engine`
@@ -62,6 +68,10 @@ class MegatronAdapter(BackendAdapter):
 
         validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
                        f"modules.{module.name}.primus")
+        # [#15] stage sft needs instruction data, and the post-training keys their types
+        post_training(module.params, module.stage, prefix=f"modules.{module.name}", provenance=provenance)
+        if is_post_training(module.params) and tiny_assets_dir(module.params) is not None:
+            _build_tiny_sft_assets(module, lambda message: None)  # [#15] the files the run names exist from here on
         derived: list[tuple[str, Any, str]] = []
         args = parse_args(megatron_params(module.params, derived), module=module.name, provenance=provenance)
         if args.bf16 and not device.startswith("cuda"):  # perf (#17): bf16 only where the CPU has bf16 units
@@ -75,7 +85,8 @@ class MegatronAdapter(BackendAdapter):
             check_parallel_layout(args, world_size, module=module.name)
         model, layout = describe(args, module.params.get("model"), world_size)
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
-        plan = EnginePlan(module, world_size, args, CheckpointSpec(save, load=args.load), model, layout,
+        checkpoint = hf_checkpoint_spec(module.params, save) or CheckpointSpec(save, load=args.load)  # [#15]
+        plan = EnginePlan(module, world_size, args, checkpoint, model, layout,
                           flops_per_token=flops_per_token(model, args.seq_length) if model else None)
         for key, value, reason in derived:
             plan.derive(key, value, reason)
@@ -88,6 +99,9 @@ class MegatronAdapter(BackendAdapter):
 
         run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
         root = tiny_assets_dir(plan.module.params)
+        if root is not None and is_post_training(plan.module.params):  # [#15 SFT/HF hook]
+            _build_tiny_sft_assets(plan.module, log)
+            return
         if root is None or (root / f"{TINY_PREFIX}.idx").exists():
             return
         from primus.data.indexed import build_indexed_dataset
@@ -104,6 +118,8 @@ class MegatronAdapter(BackendAdapter):
         return derived
 
     def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
+        if is_post_training(plan.module.params):  # [#15 SFT/HF hook] HF tensors vs the model, instruction files
+            check_post_training_inputs(plan, provenance=provenance)
         from primus.compat.hub import is_hub_id
 
         if tiny_assets_dir(plan.module.params) is not None:
@@ -136,4 +152,13 @@ class MegatronAdapter(BackendAdapter):
                 ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
         from primus.backends.megatron.trainer import train
 
-        train(plan.engine_config, ctx, plan.module.name)
+        post = post_training(plan.module.params, plan.module.stage, prefix=f"modules.{plan.module.name}")
+        train(plan.engine_config, ctx, plan.module.name, post)  # [#15 SFT/HF hook] post: HF weights / instructions
+
+
+def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:
+    from primus.hf.tiny import ensure_tiny_sft_assets
+
+    root = tiny_assets_dir(module.params)
+    log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+    ensure_tiny_sft_assets(root)

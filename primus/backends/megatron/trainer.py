@@ -111,8 +111,9 @@ def set_random_seed(args: MegatronArgs) -> None:
 
 
 class MegatronTrainer:
-    def __init__(self, args: MegatronArgs, ctx, module: str = "pre_trainer"):
+    def __init__(self, args: MegatronArgs, ctx, module: str = "pre_trainer", post=None):
         self.args, self.ctx, self.module = args, ctx, module
+        self.post = post  # [#15] primus.hf.megatron_start.MegatronPostTraining: HF weights, instruction data
         self.owns_process_group = False
 
     def _say_notes(self) -> None:
@@ -186,6 +187,8 @@ class MegatronTrainer:
         if on_gpu:
             for chunk in chunks:
                 chunk.cuda(torch.cuda.current_device())
+        if self.post is not None:  # [#15] before Float16Module/DDP/optimizer copy the parameters
+            self.post.load_weights(chunks, ctx)
         self.model = wrap_ddp(args, self.config, wrap_float16(args, self.config, chunks))
         self.optimizer = build_optimizer(args, self.model)
         self._hook_schedule()
@@ -211,7 +214,10 @@ class MegatronTrainer:
 
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.dp_rank = parallel_state.get_data_parallel_rank()
-        self.train_ds, self.valid_ds, _ = build_datasets(args, self.tokenizer, self.gbs, self.dp)
+        if self.post is not None and self.post.sft is not None:  # [#15] instruction data (primus.data.sft)
+            self.train_ds, self.valid_ds = self.post.datasets(args.seq_length, args.seed, ctx)
+        else:
+            self.train_ds, self.valid_ds, _ = build_datasets(args, self.tokenizer, self.gbs, self.dp)
 
     def _hook_schedule(self) -> None:
         """Tell the schedules how to finish a step, as Megatron-LM's ``train()`` does: without
@@ -336,9 +342,9 @@ class MegatronTrainer:
             dist.destroy_process_group()
 
 
-def train(args: MegatronArgs, ctx, module: str = "pre_trainer") -> None:
+def train(args: MegatronArgs, ctx, module: str = "pre_trainer", post=None) -> None:
     """Build Megatron's model, optimizer and data for this rank, train, checkpoint, tear down."""
-    trainer = MegatronTrainer(args, ctx, module)
+    trainer = MegatronTrainer(args, ctx, module, post)
     try:
         trainer.setup()
         trainer.train()

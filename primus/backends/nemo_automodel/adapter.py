@@ -34,11 +34,15 @@ class AutoModelAdapter(BackendAdapter):
     distribution: ClassVar[str] = "nemo-automodel"
     import_probe: ClassVar[str | None] = "nemo_automodel.recipes.diffusion.train"
     extra: ClassVar[str] = "automodel"
-    stages: ClassVar[tuple[str, ...]] = ("pretrain", "finetune")
+    stages: ClassVar[tuple[str, ...]] = ("pretrain", "finetune", "sft")  # sft: the LLM recipe (llm.py)
     stage_aliases: ClassVar[dict[str, str]] = {"train": "pretrain"}
     data_commands: ClassVar[tuple[str, ...]] = ("primus.data.diffusion.cli",)
 
     def defaults(self, stage: str) -> dict[str, Any]:
+        if stage == "sft":  # [#15] TrainFinetuneRecipeForNextTokenPrediction (primus/backends/nemo_automodel/llm.py)
+            from primus.backends.nemo_automodel import llm
+
+            return llm.defaults()
         return {
             "recipe": "TrainDiffusionRecipe",
             "seed": 42,
@@ -56,6 +60,10 @@ class AutoModelAdapter(BackendAdapter):
         prefix = f"modules.{module.name}"
         validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(), f"{prefix}.primus")
         stage = self.canonical_stage(module.stage, where=f"{prefix}.stage")
+        if stage == "sft":  # [#15] the LLM fine-tuning recipe
+            from primus.backends.nemo_automodel import llm
+
+            return llm.plan(module, world_size, provenance, run_dir=run_dir, device=device)
         checkpoint_dir = (run_dir or Path(".")) / "checkpoints"
         plan = EnginePlan(module, world_size, None, CheckpointSpec(checkpoint_dir))
 
@@ -78,10 +86,19 @@ class AutoModelAdapter(BackendAdapter):
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
         root = tiny_assets_dir(plan.module.params)
-        if root is not None:
+        if root is not None and plan.module.stage == "sft":  # [#15] tiny HF model + instruction set
+            from primus.hf.tiny import ensure_tiny_sft_assets
+
+            log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+            ensure_tiny_sft_assets(root)
+        elif root is not None:
             ensure_tiny_assets(root, log)
 
     def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
+        if plan.module.stage == "sft" and tiny_assets_dir(plan.module.params) is None:  # [#15]
+            from primus.backends.nemo_automodel import llm
+
+            return llm.check_inputs(plan, provenance)
         if tiny_assets_dir(plan.module.params) is not None:
             return  # built by prepare() before the ranks start
         cfg, prefix = plan.engine_config, f"modules.{plan.module.name}"
@@ -102,6 +119,11 @@ class AutoModelAdapter(BackendAdapter):
         check_version(self.require_installed(), ctx.logger.warning)
         plan.log_derived(ctx)
         cfg = plan.engine_config
+        if plan.module.stage == "sft":  # [#15] the LLM fine-tuning recipe
+            from primus.backends.nemo_automodel import llm
+
+            self._check_fresh_checkpoint_dir(cfg, ctx)
+            return llm.run(plan, ctx)
         if ctx.resume and not cfg["checkpoint"].get("restore_from"):
             cfg["checkpoint"]["restore_from"] = "LATEST"
         self._check_fresh_checkpoint_dir(cfg, ctx)

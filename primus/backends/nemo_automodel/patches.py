@@ -126,3 +126,69 @@ def checkpoint_on_transient_group() -> Iterator[None]:
         yield
     finally:
         checkpointing.dcp = original
+
+
+# -- [#15] the LLM recipe on a CPU-only torch --------------------------------------------------
+def _to_cpu(device: Any) -> Any:
+    import torch
+
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):  # a CUDA ordinal
+        return "cpu"
+    return device
+
+
+def _cuda_devices_on_cpu():
+    """A TorchFunctionMode sending CUDA devices (and CUDA ordinals) to the CPU."""
+    from torch.overrides import TorchFunctionMode
+
+    class CudaDevicesOnCpu(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if "device" in kwargs:
+                kwargs["device"] = _to_cpu(kwargs["device"])
+            name = getattr(func, "__name__", "")
+            if name == "cuda":  # Tensor.cuda(): stay where it is
+                return args[0]
+            if name in ("to", "_parse_to"):  # Tensor.to(0) / Module.to(device) parse a positional device
+                args = tuple(_to_cpu(a) for a in args)
+            return func(*args, **kwargs)
+
+    return CudaDevicesOnCpu()
+
+
+@contextmanager
+def llm_recipe_on_cpu(setup: bool) -> Iterator[None]:
+    """``TrainFinetuneRecipeForNextTokenPrediction`` (0.7.0) on a torch without CUDA.
+
+    Why: its ``setup()`` calls ``torch.cuda.reset_peak_memory_stats()``; ``build_model`` and
+    ``NeMoAutoModelForCausalLM.from_pretrained`` hand the model infrastructure
+    ``device=torch.device("cuda", torch.cuda.current_device())`` / ``torch.cuda.current_device()``
+    (``torch.empty_like(..., device=0)``, ``model.to(device)``); every step reads
+    ``torch.cuda.max_memory_allocated()``. On a CPU-only torch each raises. While the recipe sets up
+    (``setup=True``) CUDA devices are sent to the CPU; while it trains only the memory statistics
+    read 0 (Primus reports peak RSS on CPU). Restored on exit; a no-op where CUDA is available.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = {name: getattr(torch.cuda, name) for name in ("reset_peak_memory_stats", "max_memory_allocated",
+                                                           "current_device")}
+    torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None
+    torch.cuda.max_memory_allocated = lambda *args, **kwargs: 0
+    torch.cuda.current_device = lambda: 0
+    mode = _cuda_devices_on_cpu() if setup else None
+    try:
+        if mode is not None:
+            with mode:
+                yield
+        else:
+            yield
+    finally:
+        for name, value in saved.items():
+            setattr(torch.cuda, name, value)

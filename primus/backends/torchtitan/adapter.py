@@ -8,6 +8,7 @@ from typing import Any
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
 from primus.data.tiny_assets import tiny_assets_dir
+from primus.hf import torchtitan_start as hf_start
 from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 from primus.runtime.context import RunContext
@@ -53,7 +54,7 @@ class TorchTitanAdapter(BackendAdapter):
     distribution = "torchtitan"
     import_probe = "torchtitan.trainer"
     extra = "torchtitan"
-    stages = ("pretrain",)
+    stages = ("pretrain", "sft")
     stage_aliases = {"train": "pretrain"}
 
     def defaults(self, stage: str) -> dict[str, Any]:
@@ -72,15 +73,19 @@ class TorchTitanAdapter(BackendAdapter):
 
         prefix = f"modules.{module.name}"
         derived: list[tuple[str, Any, str]] = []
-        params = _with_tiny_assets(module.params, derived)
+        params = _params(module, derived)
         cfg, spec, more = build_trainer_config(params, run_dir=run_dir or Path("."), device=device,
-                                               provenance=provenance, prefix=prefix)
-        _check_dataset(cfg, prefix, provenance)
+                                               provenance=provenance, prefix=prefix, stage=module.stage)
+        if module.stage != "sft":  # the SFT dataloader names no registered dataset
+            _check_dataset(cfg, prefix, provenance)
         if world_size is not None:
             _check_world_size(module, world_size, provenance)
         layout = parallel_layout(params, world_size)  # [tt] the model is `spec`, built once above
-        plan = EnginePlan(module, world_size, cfg, CheckpointSpec(Path(cfg.dump_folder) / cfg.checkpoint.folder),
-                          spec, layout, flops_per_token=flops_per_token(spec, cfg.training.seq_len))
+        directory = Path(cfg.dump_folder) / cfg.checkpoint.folder
+        source = hf_start.hf_source(params)  # [#15] TorchTitan loads these safetensors itself
+        checkpoint = CheckpointSpec(directory, load=str(source), format="hf") if source else CheckpointSpec(directory)
+        plan = EnginePlan(module, world_size, cfg, checkpoint, spec, layout,
+                          flops_per_token=flops_per_token(spec, cfg.training.seq_len))
         for key, value, reason in [*derived, *more]:
             plan.derive(key, value, reason)
         return plan
@@ -93,6 +98,9 @@ class TorchTitanAdapter(BackendAdapter):
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
         root = tiny_assets_dir(plan.module.params)
+        if root is not None and hf_start.is_post_training(plan.module.params, plan.module.stage):
+            _build_tiny_sft_assets(plan.module, log)  # [#15] tiny HF model + instruction set
+            return
         if root is not None and not (root / "corpus" / "data.jsonl").exists():
             from primus.data.tiny_assets import ensure_tiny_assets
 
@@ -101,7 +109,9 @@ class TorchTitanAdapter(BackendAdapter):
 
     def check_inputs(self, plan: EnginePlan, provenance: Provenance | None = None) -> None:
         module = plan.module
-        if tiny_assets_dir(module.params) is not None:
+        if hf_start.is_post_training(module.params, module.stage):  # [#15] HF tensors vs the model, instruction files
+            hf_start.check_inputs(plan, provenance=provenance)
+        elif tiny_assets_dir(module.params) is not None:
             return  # built by prepare() before the ranks start
         from primus.compat.hub import is_hub_id
 
@@ -134,8 +144,10 @@ class TorchTitanAdapter(BackendAdapter):
 
             step = newest_usable(ctx.checkpoint_dir, "torchtitan")
             cfg.checkpoint.load_step = cfg.checkpoint.load_step if step is None else step
+        hf_start.log_start(plan.checkpoint, ctx.logger)  # [#15] which HF checkpoint the run starts from
         trainer = with_primus_components(cfg).build()
         trainer.attach(ctx, plan.flops_per_token)
+        hf_start.tap_validation(trainer, ctx)  # [#15] [EVAL] lines
         try:
             trainer.train()
             if trainer.stopping:  # SIGTERM: this step was checkpointed (when checkpoints are on)
@@ -147,6 +159,24 @@ class TorchTitanAdapter(BackendAdapter):
             trainer.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _params(module: ModuleConfig, derived: list) -> dict[str, Any]:
+    """[#15] A run from a HF checkpoint / on instructions names its files itself: primus.tiny_assets only
+    builds them (never overrides hf_assets_path), and the model comes from the checkpoint's config.json."""
+    if not hf_start.is_post_training(module.params, module.stage):
+        return _with_tiny_assets(module.params, derived)
+    if tiny_assets_dir(module.params) is not None:
+        _build_tiny_sft_assets(module, lambda message: None)
+    return hf_start.with_hf_start(module.params, module.stage, derived, prefix=f"modules.{module.name}")
+
+
+def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:
+    from primus.hf.tiny import ensure_tiny_sft_assets
+
+    root = tiny_assets_dir(module.params)
+    log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+    ensure_tiny_sft_assets(root)
 
 
 def _check_dataset(cfg: Any, prefix: str, provenance: Provenance | None) -> None:

@@ -197,7 +197,8 @@ def _activation_checkpoint(cfg: Any, section: dict[str, Any], ctx: BuildContext)
 
 
 def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
-                         provenance: Provenance | None = None, prefix: str = "modules.pre_trainer"):
+                         provenance: Provenance | None = None, prefix: str = "modules.pre_trainer",
+                         stage: str = "pretrain"):
     """Return ``(Trainer.Config, ModelSpec, derived settings)``; raises ConfigError."""
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
@@ -210,7 +211,12 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         if key in params:
             raise ctx.fail(key, f"is set by Primus ({owner}); remove it")
     attn = _attn_backend(params, device, ctx)
-    cfg = Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())
+    if stage == "sft":  # [#15] instruction data: primus/data/sft_torchtitan.py (its keys are its Config's fields)
+        from primus.hf.torchtitan_start import sft_dataloader_config
+
+        cfg = Trainer.Config(dataloader=sft_dataloader_config())
+    else:
+        cfg = Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())
     cfg.model_spec, spec = _model(params, attn, ctx)
     cfg.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=spec.vocab_size))
     native = {k: v for k, v in params.items() if k not in PRIMUS_KEYS}
@@ -230,6 +236,10 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         cfg.__post_init__()  # the engine's own cross-field invariants, on the final values
     except ValueError as exc:
         raise ConfigError(f"{ctx.where('training')}: {ctx.prefix}: {exc}") from None
+    if stage == "sft":  # [#15] validator on the held-out split; packing only with document-aware attention
+        from primus.hf.torchtitan_start import finish_sft_config
+
+        ctx.derived += finish_sft_config(cfg, attn, ctx.fail)
     return cfg, spec, ctx.derived
 
 

@@ -1,0 +1,276 @@
+"""NeMo AutoModel's LLM fine-tuning path (``stage: sft``): ``TrainFinetuneRecipeForNextTokenPrediction``.
+
+The module section is AutoModel's LLM YAML (``model``, ``peft``, ``step_scheduler``, ``optimizer``,
+``lr_scheduler``, ``distributed``, ``checkpoint``, ``dataset`` ...). Primus takes out its own keys and
+derives what it owns (checkpoint dir under the run dir, process-group backend, the model's HF folder
+from ``primus.tiny_assets``); a ``dataset`` without ``_target_`` is Primus's instruction data
+(``primus.data.sft_automodel.SFTDatasetConfig``: same rendering and response-only labels as the other
+backends) and its held-out split becomes ``validation_dataset``. Every section is checked by
+AutoModel's own typed configs (``RecipeConfig``) before launch. LoRA is AutoModel's (``peft:``);
+``primus export`` merges the adapter into the base weights.
+
+Each optimizer step is reported through ``RunContext.report_step`` (the recipe's own
+``_run_train_optim_step`` returns the step's global loss, grad norm and LR); validation losses
+are ``[EVAL]`` lines.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from primus.config.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from primus.runtime.adapter import EnginePlan, ModuleConfig
+    from primus.runtime.context import RunContext
+
+RECIPE = "TrainFinetuneRecipeForNextTokenPrediction"
+SFT_DATASET = "primus.data.sft_automodel.SFTDatasetConfig"
+MODEL_TARGET = "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained"
+# What TrainFinetuneRecipeForNextTokenPrediction (0.7.0) reads: recipes/llm/train_ft.py,
+# recipes/_typed_config.py (RecipeConfig), recipes/_dist_utils.py. A test re-reads the source for drift.
+TOP_LEVEL = frozenset({
+    "recipe", "seed", "dist_env", "model", "peft", "distributed", "step_scheduler", "loss_fn", "dataset",
+    "dataloader", "validation_dataset", "validation_dataloader", "packed_sequence", "optimizer", "lr_scheduler",
+    "checkpoint", "clip_grad_norm", "wandb", "mlflow", "comet", "fp8", "compile", "quantization", "qat",
+    "freeze_config", "sdpa_method", "domain_mixture", "prewarm", "embedding_row_repair", "mfu", "neftune",
+    "moe_metrics", "nvtx", "tool_call_eval", "mtp",
+})
+PRIMUS_KEYS = frozenset({"primus"})
+
+
+def defaults() -> dict[str, Any]:
+    """The lowest layer of an AutoModel ``stage: sft`` section."""
+    loader = {"_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
+              "collate_fn": "nemo_automodel.components.datasets.utils.default_collater"}
+    return {
+        "recipe": RECIPE,
+        "seed": 42,
+        "model": {"_target_": MODEL_TARGET},
+        "loss_fn": {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"},
+        "dataloader": {**loader, "shuffle": True},
+        "validation_dataloader": dict(loader),
+        "distributed": {"strategy": "fsdp2", "dp_size": None, "tp_size": 1, "cp_size": 1},
+        "checkpoint": {"enabled": True, "model_save_format": "safetensors", "save_consolidated": False},
+    }
+
+
+def _model_dir(cfg: dict[str, Any]) -> Path | None:
+    path = (cfg.get("model") or {}).get("pretrained_model_name_or_path")
+    return Path(path).expanduser().absolute() if path and Path(path).expanduser().exists() else None
+
+
+def build_handoff(params: dict[str, Any], *, checkpoint_dir: Path, dist_backend: str, plan: "EnginePlan",
+                  prefix: str) -> dict[str, Any]:
+    """The plain dict AutoModel's ``ConfigNode`` wraps, with what Primus owns derived (and said)."""
+    cfg = copy.deepcopy({k: v for k, v in params.items() if k not in PRIMUS_KEYS})
+    for key in cfg:
+        if key not in TOP_LEVEL and not key.startswith("validation_dataset"):
+            raise ConfigError(f"{prefix}.{key}: not read by AutoModel's {RECIPE}{did_you_mean(key, TOP_LEVEL)}",
+                              key=key)
+    if cfg.get("recipe") != RECIPE:
+        raise ConfigError(f"{prefix}.recipe: stage sft runs {RECIPE} (got {cfg.get('recipe')!r})", key="recipe")
+    model = cfg.setdefault("model", {})
+    tiny = (params.get("primus") or {}).get("tiny_assets")
+    if tiny and not model.get("pretrained_model_name_or_path"):
+        model["pretrained_model_name_or_path"] = str(Path(tiny).expanduser().absolute() / "hf" / "llama_tiny")
+        plan.derive("model.pretrained_model_name_or_path", model["pretrained_model_name_or_path"], "primus.tiny_assets")
+    if not model.get("pretrained_model_name_or_path"):
+        raise ConfigError(f"{prefix}.model.pretrained_model_name_or_path is required (a Hugging Face model folder "
+                          "or hub id)", key="model.pretrained_model_name_or_path")
+    source = model["pretrained_model_name_or_path"]
+    if Path(source).expanduser().exists() or str(source).startswith((".", "/", "~")):
+        model["pretrained_model_name_or_path"] = source = str(Path(source).expanduser().absolute())
+    _instruction_dataset(cfg, source, plan)
+    checkpoint = cfg.setdefault("checkpoint", {})
+    if checkpoint.get("checkpoint_dir") not in (None, str(checkpoint_dir)):
+        plan.derive("checkpoint.checkpoint_dir", str(checkpoint_dir), "Primus keeps checkpoints in the run dir")
+    checkpoint["checkpoint_dir"] = str(checkpoint_dir)
+    dist_env = cfg.setdefault("dist_env", {})
+    if "backend" not in dist_env:
+        dist_env["backend"] = plan.derive("dist_env.backend", dist_backend, "from the device")
+    return cfg
+
+
+def _instruction_dataset(cfg: dict[str, Any], model_dir: str, plan: "EnginePlan") -> None:
+    """A ``dataset`` without ``_target_`` is Primus's instruction data; its held-out split validates."""
+    dataset = cfg.get("dataset")
+    if not isinstance(dataset, dict) or "_target_" in dataset:
+        return
+    dataset = cfg["dataset"] = {"_target_": SFT_DATASET, "tokenizer_path": model_dir, **dataset}
+    plan.derive("dataset._target_", SFT_DATASET, "Primus instruction data (primus.data.sft)")
+    if "validation_dataset" not in cfg and dataset.get("valid_fraction", 0.05) > 0 or dataset.get("valid_path"):
+        cfg.setdefault("validation_dataset", {**dataset, "split": "valid"})
+        plan.derive("validation_dataset", "the held-out instruction split", "stage sft")
+
+
+def check_with_recipe_config(cfg: dict[str, Any], prefix: str) -> None:
+    """Build AutoModel's own typed section configs (no model, no data): unknown fields fail here."""
+    from nemo_automodel.components.config.loader import ConfigNode
+    from nemo_automodel.recipes._typed_config import RecipeConfig
+
+    typed = RecipeConfig(ConfigNode(copy.deepcopy(cfg)))
+    for section in ("step_scheduler", "lr_scheduler", "optimizer", "loss_fn", "checkpoint", "dataloader",
+                    "validation_dataloaders"):
+        try:
+            getattr(typed, section)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{prefix}.{section}: {exc}", key=section) from None
+
+
+def model_spec(cfg: dict[str, Any]):
+    """The neutral model of the HF folder (None for a hub id: no local config.json to read)."""
+    folder = _model_dir(cfg)
+    if folder is None or not (folder / "config.json").exists():
+        return None
+    from primus.hf.config import model_spec_from_hf, read_config
+
+    try:
+        return model_spec_from_hf(read_config(folder), f"{folder}/config.json")
+    except ConfigError:
+        return None  # an architecture Primus does not map: AutoModel may still train it
+
+
+def plan(module: "ModuleConfig", world_size: int | None, provenance, *, run_dir: Path | None, device: str):
+    from primus.plan.flops import flops_per_token
+    from primus.runtime.adapter import CheckpointSpec, EnginePlan
+
+    prefix = f"modules.{module.name}"
+    tiny = (module.params.get("primus") or {}).get("tiny_assets")
+    if tiny:  # the model is read from the files it builds (idempotent, file-locked)
+        from primus.hf.tiny import ensure_tiny_sft_assets
+
+        ensure_tiny_sft_assets(Path(tiny).expanduser())
+    checkpoint_dir = (run_dir or Path(".")) / "checkpoints"
+    result = EnginePlan(module, world_size, None, CheckpointSpec(checkpoint_dir))
+
+    def where(key: str) -> str:
+        return f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
+
+    try:
+        cfg = build_handoff(module.params, checkpoint_dir=checkpoint_dir, plan=result, prefix=prefix,
+                            dist_backend="nccl" if device.startswith("cuda") else "gloo")
+        check_with_recipe_config(cfg, prefix)
+    except ConfigError as exc:
+        raise ConfigError(f"{where(exc.key)}{exc}" if exc.key else str(exc), key=exc.key) from None
+    result.engine_config = cfg
+    result.checkpoint = CheckpointSpec(checkpoint_dir, load=cfg["model"]["pretrained_model_name_or_path"], format="hf")
+    result.model = model_spec(cfg)
+    seq = (cfg.get("dataset") or {}).get("seq_length")
+    result.layout = layout(cfg, world_size, seq or 2048)
+    if result.model is not None and seq:
+        result.flops_per_token = flops_per_token(result.model, seq)
+    return result
+
+
+def layout(cfg: dict[str, Any], world_size: int | None, seq_len: int):
+    """AutoModel's FSDP2 layout: TP x CP inside, the rest data parallel (fully sharded)."""
+    from primus.plan.layout import ParallelLayout
+
+    dist, steps = cfg.get("distributed") or {}, cfg.get("step_scheduler") or {}
+    tp, cp = int(dist.get("tp_size") or 1), int(dist.get("cp_size") or 1)
+    world = world_size or tp * cp
+    policy = dist.get("mp_policy") or {}
+    param_dtype = "fp32" if str(policy.get("param_dtype", "bfloat16")).endswith("float32") else "bf16"
+    return ParallelLayout(tp=tp, cp=cp, dp=max(1, world // (tp * cp)), micro_batch_size=int(steps.get("local_batch_size", 1)),
+                          global_batch_size=steps.get("global_batch_size"), seq_len=seq_len, sharding="fsdp",
+                          param_dtype=param_dtype, master_weights=param_dtype != "fp32")
+
+
+def check_inputs(plan: "EnginePlan", provenance) -> None:
+    """The model folder and instruction files exist; a local HF checkpoint matches its own config."""
+    cfg, prefix = plan.engine_config, f"modules.{plan.module.name}"
+
+    def fail(key: str, message: str) -> ConfigError:
+        full = f"{prefix}.{key}"
+        where = f"{provenance.describe(full)}: " if provenance is not None else ""
+        return ConfigError(f"{where}{full}: {message}")
+
+    source = cfg["model"]["pretrained_model_name_or_path"]
+    if source.startswith("/") and not Path(source).exists():
+        raise fail("model.pretrained_model_name_or_path", f"{source} does not exist")
+    for section in [k for k in cfg if k == "dataset" or k.startswith("validation_dataset")]:
+        node = cfg[section] or {}
+        if node.get("_target_") == SFT_DATASET:
+            for key in ("path", "valid_path"):
+                if node.get(key) and not Path(node[key]).expanduser().exists():
+                    raise fail(f"{section}.{key}", f"{node[key]} does not exist")
+    if plan.model is not None:
+        from primus.hf.checkpoint import HFCheckpoint, check_against_spec
+
+        check_against_spec(HFCheckpoint(source), plan.model, f"{prefix}.model.pretrained_model_name_or_path")
+
+
+class LLMStepTap:
+    """Report every optimizer step of the LLM recipe, and its validation losses, to Primus."""
+
+    def __init__(self, recipe: Any, ctx: "RunContext", flops_per_token: float | None):
+        self.recipe, self.ctx, self.flops_per_token = recipe, ctx, flops_per_token
+        self.steps = 0
+        original_step, original_val = recipe._run_train_optim_step, recipe.log_val_metrics
+
+        def run_train_optim_step(batches, max_grad_norm=None):
+            start = time.perf_counter()
+            sample = original_step(batches, max_grad_norm)
+            self._report(sample, batches, time.perf_counter() - start)
+            return sample
+
+        def log_val_metrics(val_name, log_data, metric_logger=None):
+            ctx.logger.info("[EVAL] step=%d loss=%.4f", int(log_data.step) + 1, float(log_data.metrics["val_loss"]))
+            return original_val(val_name, log_data, metric_logger)
+
+        recipe._run_train_optim_step = run_train_optim_step
+        recipe.log_val_metrics = log_val_metrics
+        # Primus prints one [TRAIN] line per step; AutoModel's tqdm bar would break those lines on a terminal
+        recipe._make_progress_bar = lambda *args, **kwargs: None
+
+    def _report(self, sample: Any, batches: list, elapsed: float) -> None:
+        from primus.runtime.metrics import StepReport
+
+        metrics = sample.metrics
+        tokens = int(metrics.get("num_tokens_per_step") or 0)
+        dp = max(1, int(self.recipe._get_dp_group_size() or 1))
+        samples = sum(int(b["labels"].shape[0]) for b in batches) * dp
+        grad_norm = metrics.get("grad_norm")
+        self.ctx.report_step(StepReport(
+            step=int(sample.step) + 1, loss=float(metrics["loss"]), step_time_s=elapsed, samples=samples,
+            tokens=tokens, flops=self.flops_per_token * tokens if self.flops_per_token and tokens else None,
+            lr=float(metrics["lr"]), grad_norm=float(grad_norm) if grad_norm is not None else None))
+        self.steps += 1
+        if self.ctx.should_stop():
+            self.recipe.step_scheduler.sigterm_flag = True  # AutoModel checkpoints this step and ends the loop
+
+    def close(self) -> None:
+        for name in ("_run_train_optim_step", "log_val_metrics", "_make_progress_bar"):
+            self.recipe.__dict__.pop(name, None)
+
+
+def run(plan: "EnginePlan", ctx: "RunContext") -> None:
+    from nemo_automodel.components.config.loader import ConfigNode
+    from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
+
+    from primus.backends.nemo_automodel.patches import (checkpoint_on_transient_group, keep_primus_logging,
+                                                       llm_recipe_on_cpu)
+    from primus.runtime.preemption import Preempted
+
+    cfg = plan.engine_config
+    if ctx.resume and not cfg["checkpoint"].get("restore_from"):
+        cfg["checkpoint"]["restore_from"] = "LATEST"
+    peft = "LoRA (peft)" if cfg.get("peft") else "full fine-tuning"
+    ctx.logger.info("nemo_automodel sft: %s of the Hugging Face checkpoint %s", peft,
+                    cfg["model"]["pretrained_model_name_or_path"])
+    recipe = TrainFinetuneRecipeForNextTokenPrediction(ConfigNode(cfg))
+    with keep_primus_logging(), llm_recipe_on_cpu(setup=True), checkpoint_on_transient_group():
+        recipe.setup()
+    tap = LLMStepTap(recipe, ctx, plan.flops_per_token)
+    try:
+        with keep_primus_logging(), llm_recipe_on_cpu(setup=False), checkpoint_on_transient_group():
+            recipe.run_train_validation_loop()
+    finally:
+        tap.close()
+    if getattr(recipe.step_scheduler, "sigterm_flag", False):
+        raise Preempted(int(recipe.step_scheduler.step), checkpointed=True)
+    ctx.logger.info("nemo_automodel sft: %d optimizer steps, checkpoints in %s", tap.steps,
+                    cfg["checkpoint"]["checkpoint_dir"])

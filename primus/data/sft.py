@@ -1,0 +1,321 @@
+"""Instruction data for supervised fine-tuning, the same on every LLM backend.
+
+A JSONL file holds one conversation per line, either
+
+* ``{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...]}``
+  rendered with the tokenizer's own chat template, or
+* ``{"prompt": ..., "response": ...}`` (also ``input``/``output``, or Alpaca's
+  ``instruction`` + ``input`` + ``output``), rendered with the chat template as one user and
+  one assistant turn, or as Alpaca / ChatML / plain text (``conversation_format``).
+
+Loss is taken on response tokens only: everything the template writes for an assistant turn
+(its content and end-of-turn marker) and the final end-of-sequence token; system and user
+turns and the template's scaffolding carry label ``IGNORE_INDEX``. Responses are located by
+character offsets of the rendered text, so BPE merges across a boundary cannot shift the mask.
+
+Sequences are either *padded* (one conversation per row: nothing to isolate) or *packed*
+(several conversations per row; positions restart at 0 for each, so an engine can isolate them:
+Megatron with a block-diagonal attention mask, TorchTitan with its document-aware FlexAttention
+or varlen kernels). Conversations longer than the sequence are dropped, never truncated, and
+counted. The order is a pure function of (seed, index), so every rank sees the same sequences and
+a resumed run continues with exactly the batches an uninterrupted one would have seen.
+"""
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from primus.config.errors import ConfigError
+
+IGNORE_INDEX = -100  # the label both engines' cross-entropy skips (torch's default ignore_index)
+FORMATS = ("auto", "chat_template", "alpaca", "chatml", "plain")
+_ALPACA_HEADER = ("Below is an instruction that describes a task. "
+                  "Write a response that appropriately completes the request.\n\n")
+
+
+class SFTDataSpec(BaseModel):
+    """Where the instruction data is and how it becomes sequences (backend-neutral)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(description="JSONL file, or a folder of *.jsonl files")
+    valid_path: str | None = Field(None, description="validation JSONL; default: a split of `path`")
+    valid_fraction: float = Field(0.05, ge=0, lt=1, description="share of `path` held out when no valid_path")
+    conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
+    packing: bool = Field(False, description="several conversations per sequence (else one, padded)")
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class Example:
+    """One tokenized conversation: ids and, per id, whether it is a response token."""
+
+    tokens: list[int]
+    supervised: list[bool]
+
+
+@dataclass
+class SFTSequence:
+    """One training row of ``seq_len`` tokens (inputs, shifted labels, per-document positions)."""
+
+    inputs: list[int] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+# -- reading -------------------------------------------------------------------------------------
+def jsonl_files(path: str | Path) -> list[Path]:
+    path = Path(path).expanduser()
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise ConfigError(f"{path}: no such instruction file (a .jsonl file or a folder of them)")
+    return files
+
+
+def read_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """``[(\"file:line\", record), ...]`` of every non-empty line; a malformed line is one ConfigError."""
+    records = []
+    for file in jsonl_files(path):
+        with file.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                where = f"{file}:{number}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{where}: not valid JSON ({exc.msg})") from None
+                if not isinstance(record, dict):
+                    raise ConfigError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                records.append((where, record))
+    if not records:
+        raise ConfigError(f"{path}: no instruction records")
+    return records
+
+
+def split_records(records: list, valid_fraction: float, seed: int) -> tuple[list, list]:
+    """A deterministic held-out share (at least one record when the fraction is > 0)."""
+    if valid_fraction <= 0 or len(records) < 2:
+        return records, []
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    n_valid = max(1, round(len(records) * valid_fraction))
+    held_out = set(order[:n_valid])
+    return ([r for i, r in enumerate(records) if i not in held_out],
+            [r for i, r in enumerate(records) if i in held_out])
+
+
+# -- rendering -----------------------------------------------------------------------------------
+def _prompt_response(record: dict[str, Any], where: str) -> tuple[str, str, str | None]:
+    response = record.get("response", record.get("output"))
+    if "prompt" in record:
+        prompt = record["prompt"]
+    elif "instruction" in record:  # Alpaca: the optional `input` is context for the instruction
+        prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
+    else:
+        prompt = record.get("input")
+    if not isinstance(prompt, str) or not isinstance(response, str):
+        raise ConfigError(f"{where}: a record needs `messages`, or `prompt` and `response` strings "
+                          f"(also `input`/`output`); got keys {sorted(record)}")
+    system = record.get("system")
+    return prompt, response, system if isinstance(system, str) else None
+
+
+def _messages(record: dict[str, Any], where: str) -> list[dict[str, str]]:
+    messages = record["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError(f"{where}: `messages` must be a non-empty list")
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise ConfigError(f"{where}: each message needs `role` and `content` strings")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ConfigError(f"{where}: no assistant message: nothing to learn from")
+    return messages
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def _render_chat(messages: list[dict[str, str]], tokenizer, where: str) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its assistant turns."""
+    def render(part, generation_prompt=False):
+        return tokenizer.apply_chat_template(part, tokenize=False, add_generation_prompt=generation_prompt)
+
+    full = render(messages)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, through = render(messages[:i], generation_prompt=True) if i else "", render(messages[: i + 1])
+        if not (full.startswith(through) and through.startswith(before)):
+            raise ConfigError(f"{where}: the tokenizer's chat template renders turns differently in context, "
+                              "so the response tokens cannot be located; use prompt/response records with "
+                              "conversation_format: alpaca or plain")
+        spans.append((len(before), len(through)))
+    return full, spans
+
+
+def render(record: dict[str, Any], tokenizer, conversation_format: str = "auto",
+           where: str = "record") -> tuple[str, list[tuple[int, int]]]:
+    """``(text, response character spans)`` for one record."""
+    if "messages" in record:
+        if not has_chat_template(tokenizer):
+            raise ConfigError(f"{where}: `messages` need a tokenizer with a chat template (none in its "
+                              "tokenizer_config.json); use prompt/response records")
+        return _render_chat(_messages(record, where), tokenizer, where)
+    prompt, response, system = _prompt_response(record, where)
+    fmt = conversation_format
+    if fmt == "auto":
+        fmt = "chat_template" if has_chat_template(tokenizer) else "plain"
+    if fmt == "chat_template":
+        if not has_chat_template(tokenizer):
+            raise ConfigError(f"{where}: conversation_format chat_template, but the tokenizer has no chat template")
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+        return _render_chat(messages, tokenizer, where)
+    tail = ""
+    if fmt == "alpaca":  # AMD Primus / Stanford Alpaca wording
+        head = (f"{system}\n\n" if system else _ALPACA_HEADER) + f"### Instruction:\n{prompt}\n\n### Response:\n"
+    elif fmt == "chatml":  # AMD Primus's ChatML; the end-of-turn marker is learned too
+        head = (f"<|im_start|>system\n{system}<|im_end|>\n" if system else "") + \
+            f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+        tail = "<|im_end|>"
+    else:
+        head = (f"{system}\n\n" if system else "") + prompt
+    bos = tokenizer.bos_token or ""
+    start = len(bos) + len(head)
+    return bos + head + response + tail, [(start, start + len(response) + len(tail))]
+
+
+def tokenize(record: dict[str, Any], tokenizer, conversation_format: str = "auto",
+             where: str = "record") -> Example:
+    """Token ids of one conversation, each marked supervised when it starts inside a response;
+    an end-of-sequence token is appended (supervised: the model learns to stop)."""
+    text, spans = render(record, tokenizer, conversation_format, where)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    tokens = list(encoded["input_ids"])
+    supervised = [any(lo <= start < hi for lo, hi in spans) for start, _ in encoded["offset_mapping"]]
+    eos = tokenizer.eos_token_id
+    if eos is not None and (not tokens or tokens[-1] != eos):
+        tokens.append(eos)
+        supervised.append(True)
+    return Example(tokens, supervised)
+
+
+# -- sequences -----------------------------------------------------------------------------------
+def _shifted(example: Example) -> tuple[list[int], list[int]]:
+    inputs = example.tokens[:-1]
+    labels = [t if s else IGNORE_INDEX for t, s in zip(example.tokens[1:], example.supervised[1:])]
+    return inputs, labels
+
+
+def build_sequences(examples: Iterable[Example], seq_len: int, pad_id: int, packing: bool) -> tuple[list[SFTSequence], int]:
+    """Rows of exactly ``seq_len`` tokens, and how many conversations were too long to fit."""
+    rows, current, dropped = [], SFTSequence(), 0
+
+    def close(row: SFTSequence) -> None:
+        pad = seq_len - len(row)
+        if pad:  # padding is a document of its own: no loss, positions from 0
+            row.inputs += [pad_id] * pad
+            row.labels += [IGNORE_INDEX] * pad
+            row.positions += list(range(pad))
+        rows.append(row)
+
+    for example in examples:
+        inputs, labels = _shifted(example)
+        if len(inputs) > seq_len or not inputs:
+            dropped += 1
+            continue
+        if len(current) and (not packing or len(current) + len(inputs) > seq_len):
+            close(current)
+            current = SFTSequence()
+        current.inputs += inputs
+        current.labels += labels
+        current.positions += list(range(len(inputs)))
+    if len(current):
+        close(current)
+    return rows, dropped
+
+
+def document_ids(positions: Sequence[int]) -> list[int]:
+    """Which document each token belongs to: a new one wherever the position restarts at 0."""
+    ids, doc = [], -1
+    for position in positions:
+        doc += position == 0
+        ids.append(doc)
+    return ids
+
+
+class SFTSequences:
+    """The rows of one split, read in an order that is a pure function of (seed, index):
+    index i is row ``perm_e[i % n]`` of epoch ``e = i // n``, each epoch reshuffled."""
+
+    def __init__(self, rows: list[SFTSequence], seed: int, dropped: int = 0, conversations: int = 0):
+        if not rows:
+            raise ConfigError("no instruction example fits the sequence length: raise it, or shorten the data")
+        self.rows, self.seed, self.dropped, self.conversations = rows, seed, dropped, conversations
+        self._orders: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row(self, index: int) -> SFTSequence:
+        epoch, offset = divmod(index, len(self.rows))
+        if epoch not in self._orders:
+            order = list(range(len(self.rows)))
+            random.Random(self.seed + epoch).shuffle(order)
+            self._orders = {epoch: order}  # keep one epoch: indices grow monotonically
+        return self.rows[self._orders[epoch][offset]]
+
+    def supervised_tokens(self) -> int:
+        return sum(label != IGNORE_INDEX for row in self.rows for label in row.labels)
+
+
+def load_tokenizer(path: str | Path):
+    """The Hugging Face tokenizer of a model folder (tokenizer.json + tokenizer_config.json)."""
+    path = Path(path).expanduser()
+    if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
+        raise ConfigError(f"{path}: no Hugging Face tokenizer (tokenizer.json / tokenizer_config.json)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def build_splits(spec: SFTDataSpec, tokenizer, seq_len: int) -> tuple[SFTSequences, SFTSequences | None]:
+    """(train, valid) sequences; valid is None when nothing is held out."""
+    records = read_records(spec.path)
+    if spec.valid_path:
+        train_records, valid_records = records, read_records(spec.valid_path)
+    else:
+        train_records, valid_records = split_records(records, spec.valid_fraction, spec.seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ConfigError("the tokenizer has neither a pad nor an end-of-sequence token")
+
+    def split(records, seed):
+        examples = [tokenize(r, tokenizer, spec.conversation_format, where) for where, r in records]
+        rows, dropped = build_sequences(examples, seq_len, pad_id, spec.packing)
+        return SFTSequences(rows, seed, dropped, len(examples))
+
+    train = split(train_records, spec.seed)
+    valid = split(valid_records, spec.seed + 1) if valid_records else None
+    return train, valid
+
+
+def describe(name: str, data: SFTSequences, packing: bool) -> str:
+    """One log line: what the split holds and how it was laid out."""
+    layout = "packed, documents isolated" if packing else "padded, one conversation per sequence"
+    return (f"SFT {name}: {data.conversations} conversations -> {len(data)} sequences ({layout}), "
+            f"{data.supervised_tokens()} response tokens carry the loss"
+            + (f"; {data.dropped} longer than the sequence were dropped" if data.dropped else ""))

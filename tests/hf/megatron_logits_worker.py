@@ -1,0 +1,67 @@
+"""One rank of a Megatron model loaded from a HF checkpoint by Primus: print its logits' distance to HF's.
+
+    torchrun --nproc-per-node N megatron_logits_worker.py HF_DIR OUT.json TP [EP]
+
+The model is built and filled exactly as the trainer does (megatron_params -> parse_args ->
+transformer_config -> build_model -> MegatronPostTraining.load_weights); rank 0 compares the
+full-vocabulary logits on fixed tokens with transformers' own model in fp32.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    hf_dir, out, tp = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    ep = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    import torch
+
+    torch.set_num_threads(1)
+    from primus.backends.megatron.cpu_patches import apply_cpu_patches
+
+    apply_cpu_patches()
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    dist.init_process_group("gloo")
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    from primus.backends.megatron.adapter import megatron_params
+    from primus.backends.megatron.arguments import parse_args
+    from primus.backends.megatron.model import Derived, build_model, padded_vocab_size, transformer_config
+    from primus.hf.megatron_start import post_training
+
+    params = {"hf_path": str(hf_dir), "seq_length": 16, "train_iters": 1, "lr": 0.0, "tensor_model_parallel_size": tp,
+              **({"expert_model_parallel_size": ep} if ep > 1 else {}),
+              "bf16": False, "micro_batch_size": 1, "mock_data": True}
+    args = parse_args(megatron_params(params))
+    config = transformer_config(args, on_gpu=False, derived=Derived())
+    chunks = build_model(args, config, padded_vocab_size(args.vocab_size, args), use_te=False)
+    ctx = type("Ctx", (), {"logger": logging.getLogger("worker"), "rank": dist.get_rank()})()
+    post_training(params, "pretrain").load_weights(chunks, ctx)
+    tokens = torch.arange(3, 3 + 2 * 16).remainder(args.vocab_size).view(2, 16)
+    positions = torch.arange(16).expand(2, 16)
+    with torch.no_grad():
+        local = chunks[0](tokens, positions, None)  # [b, s, vocab / tp]
+    pieces = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(pieces, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+    logits = torch.cat(pieces, dim=-1)[..., : args.vocab_size]
+    if dist.get_rank() == 0:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+        with torch.no_grad():
+            reference = hf(tokens).logits
+        out.write_text(json.dumps({"max_abs_diff": (logits - reference).abs().max().item(),
+                                   "scale": reference.abs().max().item(), "shape": list(logits.shape)}))
+    dist.barrier()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
