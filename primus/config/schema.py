@@ -78,6 +78,12 @@ class PrimusOptions(BaseModel):
     # Settings AMD Primus experiments reach through their own key names (primus/compat):
     avg_skip_steps: int = Field(0, ge=0, description="[TRAIN] averages leave out the first N steps")
     avg_window: int | None = Field(None, gt=0, description="[TRAIN] averages over the last N steps (None: off)")
+    wandb: bool | None = Field(None, description="W&B on/off; None: on when a project is named (logging.wandb, "
+                                                 "wandb_project)")
+    mlflow: bool | None = Field(None, description="MLflow on/off; None: on when logging.mlflow or a run/experiment "
+                                                  "name is given")
+    mlflow_run_name: str | None = None
+    mlflow_experiment_name: str | None = None
     save_last_checkpoint: bool = Field(True, description="save a checkpoint at the last step (Megatron)")
     resume: Literal["auto", "always", "never"] | None = Field(
         None, description="resume policy when the command line names none (--resume / --no-resume)")

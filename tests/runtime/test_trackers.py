@@ -9,6 +9,7 @@ import yaml
 
 from primus.runtime.metrics import MetricsReporter, StepReport
 from primus.runtime.sinks.trackers import mlflow_settings, tracker_sinks, wandb_settings
+from tests.helpers import ROOT
 from tests.runtime.trackers_readback import mlflow_run, wandb_offline_run
 
 SECRET = "hf_supersecretvalue123"
@@ -143,3 +144,20 @@ def test_a_tracker_that_breaks_mid_run_is_dropped_with_one_warning(tmp_path, cap
     assert flaky.calls == 1 and len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
     assert [r.getMessage() for r in caplog.records] == ["Flaky stopped logging: ConnectionError: server went away; "
                                                         "training continues"]
+
+
+def test_amd_primus_tracker_switches_arrive_through_the_compat_layer(tmp_path):
+    """AMD's `disable_wandb: true` beside `wandb_project` keeps W&B off (compat turns it into
+    primus.wandb=false); `mlflow_run_name` turns MLflow on with that name."""
+    from primus.config.resolve import resolve_experiment
+    from primus.runtime.registry import backend_defaults
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text((ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml").read_text())
+    resolved = resolve_experiment(exp, ["wandb_project=p", "disable_wandb=true", "mlflow_run_name=r9"],
+                                  backend_defaults)
+    params = resolved.modules["pre_trainer"].params
+    assert wandb_settings(resolved.tree(), params, tmp_path) is None
+    assert mlflow_settings(resolved.tree(), params, tmp_path, env={}).run_name == "r9"
+    resolved = resolve_experiment(exp, ["wandb_project=p"], backend_defaults)
+    assert wandb_settings(resolved.tree(), resolved.modules["pre_trainer"].params, tmp_path).project == "p"

@@ -3,8 +3,9 @@
 Two places turn a tracker on, for users coming from either world:
 - the Primus-level ``logging.wandb`` / ``logging.mlflow`` blocks (every backend);
 - the module's Megatron-LM keys ``wandb_project``, ``wandb_exp_name``, ``wandb_save_dir``,
-  ``wandb_entity`` and AMD Primus' ``disable_wandb``, ``mlflow_run_name``,
-  ``mlflow_experiment_name``, ``disable_mlflow`` (read from the module's params as written).
+  ``wandb_entity``, and the ``primus:`` block's ``wandb``/``mlflow`` switches and MLflow names
+  (where AMD Primus's ``disable_wandb``, ``disable_mlflow``, ``mlflow_run_name`` and
+  ``mlflow_experiment_name`` land, ``primus/compat``).
 The Primus-level block wins key by key. A tracker receives the same numbers as metrics.jsonl
 and the resolved config with secrets redacted. A tracker that cannot start (not installed,
 no credentials, unreachable server) is one warning: the run goes on without it.
@@ -47,7 +48,8 @@ def _given(value: Any) -> bool:
 
 def wandb_settings(tree: dict[str, Any], params: dict[str, Any], run_dir: Path) -> WandbSettings | None:
     block = (tree.get("logging") or {}).get("wandb") or {}
-    if params.get("disable_wandb") is True or block.get("mode") == "disabled":
+    switch = (params.get("primus") or {}).get("wandb")
+    if switch is False or params.get("disable_wandb") is True or block.get("mode") == "disabled":
         return None
     project = block.get("project") or params.get("wandb_project")
     if not _given(project):
@@ -65,18 +67,20 @@ def wandb_settings(tree: dict[str, Any], params: dict[str, Any], run_dir: Path) 
 def mlflow_settings(tree: dict[str, Any], params: dict[str, Any], run_dir: Path,
                     env: Mapping[str, str] = os.environ) -> MlflowSettings | None:
     block = (tree.get("logging") or {}).get("mlflow")
-    if params.get("disable_mlflow") is True:
+    primus = params.get("primus") or {}
+    names = {key: primus.get(key) or params.get(key) for key in ("mlflow_run_name", "mlflow_experiment_name")}
+    if primus.get("mlflow") is False or params.get("disable_mlflow") is True:
         return None
-    asked = block is not None or params.get("disable_mlflow") is False or \
-        _given(params.get("mlflow_run_name")) or _given(params.get("mlflow_experiment_name"))
+    asked = block is not None or primus.get("mlflow") is True or params.get("disable_mlflow") is False or \
+        any(_given(name) for name in names.values())
     if not asked:
         return None
     block = block or {}
     group = "/".join(str(tree[k]) for k in ("work_group", "user_name") if tree.get(k)) or "primus"
     return MlflowSettings(
         tracking_uri=block.get("tracking_uri") or env.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").absolute().as_uri(),
-        experiment_name=str(block.get("experiment_name") or params.get("mlflow_experiment_name") or group),
-        run_name=str(block.get("run_name") or params.get("mlflow_run_name") or tree.get("exp_name") or run_dir.name),
+        experiment_name=str(block.get("experiment_name") or names["mlflow_experiment_name"] or group),
+        run_name=str(block.get("run_name") or names["mlflow_run_name"] or tree.get("exp_name") or run_dir.name),
     )
 
 
