@@ -59,6 +59,20 @@ def train_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, s
     return read_metrics(run_dir)
 
 
+def refused_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
+                       resume: bool = False) -> str:
+    """Like ``train_in_process`` for a run the worker must refuse: exit 2, and the one error line it logged."""
+    from primus.runtime.train import train_worker
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
+    assert train_worker(json.loads(payload.read_text())) == 2
+    errors = (Path(run_dir) / "logs" / "pre_trainer" / "rank-0" / "error.log").read_text().strip().splitlines()
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
 def train_with_torchrun(run_dir: Path, framework: str, params: dict[str, Any], *, nproc: int = 1,
                         stage: str = "pretrain", resume: bool = False, timeout: int = 300,
                         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

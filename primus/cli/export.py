@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import argparse
 
+from primus.runtime.rundir import RunDir
+
 FORMATS = ("hf",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export", allow_abbrev=False, help="write a run's checkpoint as a Hugging Face model folder",
-        description="Read RUN_DIR's config.resolved.yaml and its checkpoint (latest, or --step N; any TP/PP "
+        description=f"Read RUN_DIR's {RunDir.CONFIG} and its checkpoint (latest, or --step N; any TP/PP "
                     "layout, Megatron torch_dist or TorchTitan DCP) and write config.json + *.safetensors + "
                     "the tokenizer files to OUT_DIR, loadable with transformers' from_pretrained.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ({workspace}/{group}/{user}/{exp})")

@@ -186,7 +186,7 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
         stage, translations = _translate_amd_names(name, module, params, spec, provenance, stage_explicit)
         remember_secrets(params)
         if derive is not None:  # last: what Primus derives wins, and says so (--why, provenance.overridden)
-            for key, value, reason in derive(module.framework, params):
+            for key, value, reason in derive(module.framework, params, stage):
                 _set_dotted(params, key, value)
                 provenance.record_derived(f"{prefix}.{key}", value, reason)
         modules[name] = ResolvedModule(name, module.framework, stage, module.config, module.model, params,

@@ -206,14 +206,14 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
     import torch
 
     from primus.hf.checkpoint import expected_shapes, save_hf_checkpoint
-    from primus.runtime.rundir import RESOLVED_CONFIG, read_resolved_config
+    from primus.runtime.rundir import RunDir
 
     run_dir, out = Path(run_dir).expanduser().absolute(), Path(out_dir).expanduser().absolute()
-    if not (run_dir / RESOLVED_CONFIG).is_file():
-        raise ConfigError(f"{run_dir}: not a Primus run directory (no {RESOLVED_CONFIG})")
+    if not RunDir(run_dir).config.is_file():
+        raise ConfigError(f"{run_dir}: not a Primus run directory (no {RunDir.CONFIG})")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out}: exists and is not empty; export never overwrites (choose a new folder)")
-    name, section = _module(read_resolved_config(run_dir), module)
+    name, section = _module(RunDir(run_dir).read_config(), module)
     framework = section.get("framework")
     if framework not in EXPORTERS:
         raise ConfigError(f"{run_dir}: export from a {framework!r} run is not supported "

@@ -119,8 +119,11 @@ class BackendAdapter(ABC):
         torch (torchtitan 0.3.0 on torch 2.11 misses a torch API) is one clear line, not a traceback."""
         if not self.import_probe:
             return
+        from primus.logs.setup import engine_output_to_log
+
         try:
-            importlib.import_module(self.import_probe)
+            with engine_output_to_log():  # import-time banners (diffusers on torchao): debug.log, not the console
+                importlib.import_module(self.import_probe)
         except ImportError as exc:
             import torch
 

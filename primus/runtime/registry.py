@@ -46,8 +46,8 @@ def backend_defaults(framework: str, stage: str, where_framework: str = "framewo
     return adapter.defaults(adapter.canonical_stage(stage, where_stage))
 
 
-def backend_derived(framework: str, params: dict) -> list:
+def backend_derived(framework: str, params: dict, stage: str = "pretrain") -> list:
     """What the backend sets itself from ``params`` (e.g. ``primus.tiny_assets`` paths), as
     ``(dotted key, value, reason)``; resolution applies it last and records it as derived."""
     derive = getattr(get_adapter(framework), "derived_params", None)
-    return derive(params) if derive is not None else []
+    return derive(params, stage) if derive is not None else []

@@ -22,7 +22,7 @@ def test_tiny_asset_paths_are_derived_and_win_visibly(monkeypatch, tmp_path):
     params = resolved.modules["pre_trainer"].params
     assert params["hf_assets_path"] == str(tmp_path / "tiny_llm" / "tokenizer")  # the saved config tells the truth
     chain = resolved.provenance.chain("modules.pre_trainer.hf_assets_path")
-    assert [s.label for s in chain] == ["module preset", "command line", DERIVED]
+    assert [s.label for s in chain] == ["command line", DERIVED]  # the module preset names no tokenizer
     why = format_why(resolved, "hf_assets_path").splitlines()
     assert why[-2].strip().startswith("'/my/tokenizer'") and "command line" in why[-2]
     assert why[-1].startswith("  => ") and why[-1].endswith(f"from {DERIVED} (primus.tiny_assets)")

@@ -77,7 +77,7 @@ CASES = [
     ("tt-optimizer-both", {"exp.yaml": GOOD}, ["config", "validate", "EXP", "optimizer.param_groups=[]"], "not both"),
     ("tt-unknown-dataset", {"exp.yaml": GOOD}, ["config", "validate", "EXP", "primus.tiny_assets=null", "dataloader.dataset=c5"], "unknown dataset 'c5'"),
     ("tt-missing-data-path", {"exp.yaml": GOOD}, ["train", "EXP", "primus.tiny_assets=null", "hf_assets_path=/nonexistent/tok"], "modules.pre_trainer.hf_assets_path: /nonexistent/tok/tokenizer.json does not exist"),
-    ("tt-impossible-pp", {"exp.yaml": GOOD}, ["config", "validate", "EXP", "parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_microbatch_size=3"], "local_batch_size (4) must be evenly divisible"),
+    ("tt-impossible-pp", {"exp.yaml": GOOD}, ["config", "validate", "EXP", "parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_microbatch_size=3"], "pipeline_parallel_microbatch_size: 3 does not divide training.local_batch_size (4)"),
     # --- Megatron --------------------------------------------------------------------------
     ("mg-unknown-key", {"exp.yaml": "MG"}, ["config", "validate", "EXP", "num_layer=2"], "did you mean 'num_layers'?"),
     ("mg-wrong-type", {"exp.yaml": "MG"}, ["config", "validate", "EXP", "micro_batch_size=abc"], "micro_batch_size"),

@@ -24,7 +24,10 @@ def main() -> int:
 
     params = {"attn_backend": "sdpa", "hf_assets_path": str(hf_dir),
               "checkpoint": {"enable": True, "initial_load_in_hf": True},
-              "dataloader": {"dataset_path": str(data)}, "training": {"steps": 1, "local_batch_size": 2, "seq_len": 32},
+              "dataloader": {"dataset_path": str(data)}, "training": {"steps": 1, "local_batch_size": 2, "seq_len": 32,
+                           # an fp32 comparison: FSDP2's bf16 MixedPrecisionPolicy (kept on a CPU with
+                           # AVX512-BF16/AMX, primus.plan.devices.cpu_bf16_decision) would cost ~7e-3
+                           "mixed_precision_param": "float32"},
               "optimizer": {"lr": 1e-3}}
     module = ModuleConfig("pre_trainer", "torchtitan", "sft", params)
     trainer = TorchTitanAdapter().plan(module, 1, run_dir=run_dir, device="cpu").engine_config.build()

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import PRIMUS, ROOT
 
 LLAMA8B = ROOT / "examples" / "torchtitan" / "llama3.1_8B-pretrain.yaml"
-WAN_AC = ROOT / "examples" / "nemo_automodel" / "wan2_2_t2v_a14b-pretrain-bs32-ac.yaml"
+WAN_AC = ROOT / "examples" / "nemo_automodel" / "configs" / "MI355X" / "diffusion" / "wan2_2_t2v_a14b-pretrain-bs32-acon.yaml"
 WAN_TINY = ROOT / "examples" / "nemo_automodel" / "wan2_2_tiny-cpu.yaml"
 
 
@@ -48,13 +48,16 @@ def test_a_layout_that_does_not_divide_the_given_world_fails(tmp_path):
 
 
 def test_wan_2_2_a14b_plans_per_expert_from_the_latent_shape():
-    out = plan(WAN_AC, "--nproc-per-node", "8", "--device", "mi300x")
+    # Wan's own 832x480 video, one sample per rank
+    shape = ("data.dataloader.base_resolution=[832,480]", "step_scheduler.local_batch_size=1",
+             "step_scheduler.global_batch_size=8")
+    out = plan(WAN_AC, "--nproc-per-node", "8", "--device", "mi300x", *shape)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "14,288,491,584 per expert (28,576,983,168 for 2)" in text
     assert "81 frames 832x480" in text and "latent [16, 21, 60, 104] -> 32,760 video tokens" in text
     assert "FSDP2 over 8 rank(s)" in text and "activation checkpointing" in text and "fits" in text
-    bigger = plan(WAN_AC, "--nproc-per-node", "8", "--device", "mi300x", "fsdp.activation_checkpointing=false")
+    bigger = plan(WAN_AC, "--nproc-per-node", "8", "--device", "mi300x", *shape, "fsdp.activation_checkpointing=false")
     assert bigger.returncode == 1 and "does NOT fit" in bigger.stdout
 
 

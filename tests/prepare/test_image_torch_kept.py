@@ -37,8 +37,10 @@ def image(tmp_path_factory):
 def _prepare(python: Path, index: Path, engine_requires: list[str]) -> subprocess.CompletedProcess:
     for old in index.glob("torchtitan-*"):
         old.unlink()
-    _wheel(index, "torchtitan", "0.3.0", engine_requires)
-    _wheel(index, "tokenizers", "0.23.3", [])
+    for line in (ROOT / "requirements" / "torchtitan.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):  # the extra's other pins: empty stand-ins
+            name, version = line.split("==")
+            _wheel(index, name, version, engine_requires if name == "torchtitan" else [])
     _wheel(index, "torch", "2.11.0", [])  # what an engine's own pin would drag in from the index
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)}
     return subprocess.run([str(python), "-m", "primus.prepare", "torchtitan", "--quiet"], env=env, capture_output=True,

@@ -111,8 +111,10 @@ class MegatronAdapter(BackendAdapter):
         assets = ensure_tiny_assets(root)
         build_indexed_dataset(assets["corpus_file"], assets["tokenizer"], root / TINY_PREFIX)
 
-    def derived_params(self, params: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    def derived_params(self, params: dict[str, Any], stage: str = "pretrain") -> list[tuple[str, Any, str]]:
         """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18)."""
+        if is_post_training(params):  # names its own files; the HF config.json is read at plan time (derived lines)
+            return []
         derived: list[tuple[str, Any, str]] = []
         megatron_params(params, derived)
         return derived

@@ -66,12 +66,13 @@ def build_handoff(params: dict[str, Any], *, checkpoint_dir: Path, dist_backend:
                   prefix: str) -> dict[str, Any]:
     """The plain dict AutoModel's ``ConfigNode`` wraps, with what Primus owns derived (and said)."""
     cfg = copy.deepcopy({k: v for k, v in params.items() if k not in PRIMUS_KEYS})
+    if cfg.get("recipe") != RECIPE:  # first: a diffusion recipe's keys are not the LLM recipe's typos
+        raise ConfigError(f"{prefix}.recipe: stage sft runs {RECIPE} (got {cfg.get('recipe')!r}); "
+                          "TrainDiffusionRecipe supports stages pretrain, finetune", key="recipe")
     for key in cfg:
         if key not in TOP_LEVEL and not key.startswith("validation_dataset"):
             raise ConfigError(f"{prefix}.{key}: not read by AutoModel's {RECIPE}{did_you_mean(key, TOP_LEVEL)}",
                               key=key)
-    if cfg.get("recipe") != RECIPE:
-        raise ConfigError(f"{prefix}.recipe: stage sft runs {RECIPE} (got {cfg.get('recipe')!r})", key="recipe")
     model = cfg.setdefault("model", {})
     tiny = (params.get("primus") or {}).get("tiny_assets")
     if tiny and not model.get("pretrained_model_name_or_path"):

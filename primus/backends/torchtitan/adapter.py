@@ -90,10 +90,12 @@ class TorchTitanAdapter(BackendAdapter):
             plan.derive(key, value, reason)
         return plan
 
-    def derived_params(self, params: dict[str, Any]) -> list[tuple[str, Any, str]]:
-        """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18)."""
+    def derived_params(self, params: dict[str, Any], stage: str = "pretrain") -> list[tuple[str, Any, str]]:
+        """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18).
+        A run from a HF checkpoint names its own files: tiny assets only build them (``_params``)."""
         derived: list[tuple[str, Any, str]] = []
-        _with_tiny_assets(params, derived)
+        if not hf_start.is_post_training(params, self.stage_aliases.get(stage, stage)):
+            _with_tiny_assets(params, derived)
         return derived
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:

@@ -48,7 +48,7 @@ RANGES: dict[str, Range] = {
     "training.local_batch_size": POSITIVE,
     "training.global_batch_size": Range(ge=1, special={-1: "local_batch_size x data-parallel degree"}),
     "training.seq_len": POSITIVE,
-    "training.max_norm": Range(gt=0),
+    "training.max_norm": Range(ge=0),  # 0: every gradient clipped to zero (a frozen-weights check)
     "training.gc_freq": POSITIVE,
     "parallelism.data_parallel_replicate_degree": POSITIVE,
     "parallelism.data_parallel_shard_degree": Range(ge=1, special={-1: "fill the world"}),

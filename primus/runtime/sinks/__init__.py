@@ -24,11 +24,12 @@ class MetricSink(ABC):
 
 def standard_sinks(run_dir: Path, *, enable_tensorboard: bool = True) -> list[MetricSink]:
     """metrics.jsonl first (the record of truth), then the console line, then TensorBoard."""
+    from primus.runtime.rundir import RunDir
     from primus.runtime.sinks.console import ConsoleSink
     from primus.runtime.sinks.jsonl import JsonlSink
     from primus.runtime.sinks.tensorboard import tensorboard_sink
 
-    sinks: list[MetricSink] = [JsonlSink(run_dir / "metrics.jsonl"), ConsoleSink()]
+    sinks: list[MetricSink] = [JsonlSink(RunDir(run_dir).metrics), ConsoleSink()]
     if enable_tensorboard and (tb := tensorboard_sink(run_dir / "tensorboard")) is not None:
         sinks.append(tb)
     return sinks

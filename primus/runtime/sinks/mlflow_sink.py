@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from primus.runtime.metrics import StepMetrics
+from primus.runtime.rundir import RunDir
 from primus.runtime.sinks.trackers import MlflowSettings, TrackerSink
 
 _STATUS = {"completed": "FINISHED", "preempted": "KILLED"}
@@ -48,7 +49,7 @@ class MlflowSink(TrackerSink):
         params = [Param(key, value) for key, value in flatten(config).items()]
         for i in range(0, len(params), _PARAM_CHUNK):
             client.log_batch(run.info.run_id, params=params[i:i + _PARAM_CHUNK])
-        client.log_dict(run.info.run_id, config, "config.resolved.yaml")
+        client.log_dict(run.info.run_id, config, RunDir.CONFIG)
         return cls(client, run.info.run_id, settings, Metric)
 
     def log(self, metrics: StepMetrics) -> None:

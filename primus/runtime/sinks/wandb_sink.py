@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from primus.runtime.metrics import StepMetrics
+from primus.runtime.rundir import ExitCode
 from primus.runtime.sinks.trackers import TrackerSink, WandbSettings
 
-_EXIT_CODES = {"completed": 0, "preempted": 75}
+_EXIT_CODES = {"completed": ExitCode.COMPLETED, "preempted": ExitCode.PREEMPTED}
 
 
 class WandbSink(TrackerSink):

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.config.errors import ConfigError
-from tests.helpers import read_metrics, train_in_process, train_with_torchrun
+from tests.helpers import read_metrics, refused_in_process, train_in_process, train_with_torchrun
 
 pytestmark = pytest.mark.e2e
 
@@ -56,15 +55,15 @@ def test_finetune_trains_only_the_chosen_expert(tiny_params, tiny_root, tmp_path
 
 def test_unsupported_stage_lists_the_supported_ones(tiny_params, tmp_path):
     _, params = tiny_params()
-    with pytest.raises(ConfigError, match="supported: pretrain, finetune"):
-        run_adapter(params, "sft", tmp_path)
+    assert "TrainDiffusionRecipe supports stages pretrain, finetune" in refused_in_process(
+        tmp_path, "nemo_automodel", params, stage="sft")
 
 
 def test_checkpoint_resume_continues_from_saved_step(tiny_params, tmp_path):
     _, params = tiny_params(step_scheduler={"max_steps": 2, "ckpt_every_steps": 2, "num_epochs": 4})
     assert [m["step"] for m in run_adapter(params, "pretrain", tmp_path)] == [1, 2]
-    with pytest.raises(ConfigError, match="already exists"):
-        run_adapter(params, "pretrain", tmp_path)  # a fresh start would silently resume: refused
+    # a fresh start would silently resume: refused
+    assert "already exists" in refused_in_process(tmp_path, "nemo_automodel", params)
     params["step_scheduler"]["max_steps"] = 4
     metrics = run_adapter(params, "pretrain", tmp_path, resume=True)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]  # metrics.jsonl appends: 3, 4 come from the resumed run
