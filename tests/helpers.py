@@ -7,12 +7,13 @@ experiment file (no copy of the worker in the tests).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,15 +48,31 @@ def write_run(run_dir: Path, framework: str, params: dict[str, Any], *, stage: s
     return RunDir(run_dir).write_payload(module=module, resume=resume, attempt="test")
 
 
+@contextlib.contextmanager
+def _one_rank_env() -> Iterator[None]:
+    """RANK/LOCAL_RANK/WORLD_SIZE of a one-rank worker, for its duration only: left behind, they
+    would reach every later subprocess of the session (a CLI would think it is rank 0 of a job)."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def train_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
                      resume: bool = False) -> list[dict[str, Any]]:
     """One rank, in this process (engines imported once per test session); returns the metrics."""
     from primus.runtime.train import train_worker
 
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
     payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
-    assert train_worker(json.loads(payload.read_text())) == 0
+    with _one_rank_env():
+        assert train_worker(json.loads(payload.read_text())) == 0
     return read_metrics(run_dir)
 
 
@@ -64,10 +81,9 @@ def refused_in_process(run_dir: Path, framework: str, params: dict[str, Any], *,
     """Like ``train_in_process`` for a run the worker must refuse: exit 2, and the one error line it logged."""
     from primus.runtime.train import train_worker
 
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
     payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
-    assert train_worker(json.loads(payload.read_text())) == 2
+    with _one_rank_env():
+        assert train_worker(json.loads(payload.read_text())) == 2
     errors = (Path(run_dir) / "logs" / "pre_trainer" / "rank-0" / "error.log").read_text().strip().splitlines()
     assert len(errors) == 1, errors
     return errors[0]
