@@ -117,3 +117,9 @@ def test_model_spec_survives_the_json_trip_to_preflight():
     for args in (GPT, {**GPT, "num_experts": 4, "moe_layer_freq": "([0]+[1])", "moe_router_topk": 1}):
         model = model_from_args(args)
         assert ModelSpec(**json.loads(json.dumps(model.model_dump()))) == model
+
+
+def test_block_recompute_of_zero_layers_keeps_activations():
+    full = {**GPT, "recompute_granularity": "full", "recompute_method": "block"}
+    assert layout_from_args({**full, "recompute_num_layers": 2}, world_size=8).recompute
+    assert not layout_from_args({**full, "recompute_num_layers": 0}, world_size=8).recompute

@@ -57,6 +57,10 @@ def apply_megatron_lm_rules(args, *, module: str = "pre_trainer") -> None:
                     "recompute_method")
     if args.recompute_granularity == "full" and (args.recompute_method is None or args.recompute_num_layers is None):
         raise _fail(m, "recompute_granularity: full needs recompute_method and recompute_num_layers")
+    if args.recompute_method == "uniform" and args.recompute_num_layers == 0:
+        # megatron-core's uniform loop advances by recompute_num_layers: with 0 it never ends
+        raise _fail(m, "must be at least 1 with recompute_method: uniform (layers per recomputed chunk; "
+                       "block takes 0: no layer recomputed)", "recompute_num_layers")
     if args.distribute_saved_activations and (args.tensor_model_parallel_size == 1
                                               or args.recompute_granularity != "full"):
         raise _fail(m, "needs tensor_model_parallel_size > 1 and recompute_granularity: full",
