@@ -72,7 +72,7 @@ RENAMED = {"norm_epsilon": "layernorm_epsilon"}  # AMD's key -> Megatron-LM's de
 # AMD Primus builds each of these as Megatron-LM's HuggingFaceTokenizer on tokenizer_model
 # (primus/backends/megatron/training/tokenizer/tokenizer.py, CUSTOM_TOKENIZER_TYPES).
 HF_TOKENIZER_ALIASES = {"Llama2Tokenizer", "Llama3Tokenizer", "Llama4Tokenizer", "MixtralTokenizer",
-                        "DeepSeekV2Tokenizer", "DeepSeekV3Tokenizer"}
+                        "DeepSeekV2Tokenizer", "DeepSeekV3Tokenizer", "KimiK2Tokenizer"}
 # Architecture keys AMD Primus adds to Megatron-LM (its own patches): named in the header when set.
 AMD_ONLY = ("final_logit_softcapping", "attn_logit_softcapping", "router_logit_softcapping")
 
@@ -149,6 +149,16 @@ MODELS = [
           "meta-llama/Llama-4-Scout-17B-16E", 202048),
     Model("llama4_17B128E", "Llama 4 Maverick 17B-128E (MoE every 2nd layer: 128 experts, top-1, 1 shared)",
           "meta-llama/Llama-4-Maverick-17B-128E", 202048),
+    Model("qwen3_235B_A22B_4layer", "Qwen3 235B-A22B cut to 4 layers (AMD's short test model)",
+          "Qwen/Qwen3-235B-A22B", 151936, _QWEN3_CONTEXT),
+    Model("deepseek_r1_distill_qwen_1.5B", "DeepSeek-R1-Distill-Qwen-1.5B (Qwen2 1.5B)",
+          "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 151936, _QWEN25_BIAS),
+    Model("kimi_k2", "Kimi K2 (DeepSeek-V3 architecture: MLA; MoE: 384 experts, top-8, 1 shared)",
+          "moonshotai/Kimi-K2-Instruct", 163840, {
+              "rotary_base": (50000, "rope_theta 50000"),
+              "rotary_scaling_factor": (32.0, "rope_scaling.factor 32 (yarn)"),
+              "moe_router_topk_scaling_factor": (2.827, "routed_scaling_factor 2.827"),
+          }),
     Model("grok1", "Grok-1 (MoE: 8 experts, top-2)", "xai-org/grok-1", 131072,
           vocab_source="run.py vocab_size=128 * 1024; AMD Primus borrows Mixtral's tokenizer"),
     Model("grok2", "Grok-2 (MoE: 8 experts, top-2, plus a dense residual MLP)", "xai-org/grok-2", 131072, {

@@ -236,12 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     files = [p for p in experiments(checkout) if not args.only or re.search(args.only, str(p))]
     start = time.perf_counter()
     results = []
-    with tempfile.TemporaryDirectory() as scratch:
-        os.chdir(scratch)  # relative workspaces and launcher files resolve here, never in a checkout
-        os.environ.setdefault("PRIMUS_WORKSPACE", str(Path(scratch) / "output"))
-        for i, path in enumerate(files, 1):
-            results.append(check(path, checkout))
-            print(f"[{i}/{len(files)}] {results[-1].result:<16} {results[-1].file}", file=sys.stderr, flush=True)
+    environment, cwd = dict(os.environ), os.getcwd()
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            os.chdir(scratch)  # relative workspaces and launcher files resolve here, never in a checkout
+            os.environ.setdefault("PRIMUS_WORKSPACE", str(Path(scratch) / "output"))
+            for i, path in enumerate(files, 1):
+                results.append(check(path, checkout))
+                print(f"[{i}/{len(files)}] {results[-1].result:<16} {results[-1].file}", file=sys.stderr, flush=True)
+    finally:  # NNODES / GPUS_PER_NODE / PRIMUS_WORKSPACE set for the checks must not outlive them (in-process callers)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environment)
     text = report(results, checkout, time.perf_counter() - start)
     if args.out:
         write_report(args.out, text)

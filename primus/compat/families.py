@@ -30,6 +30,16 @@ MODEL_FAMILIES = [
                                              "in megatron-core 0.16"),
     ("megatron", re.compile(r"kimi_k3"), "Kimi-K3 (KDA linear attention) is not in megatron-core 0.16"),
     ("megatron", re.compile(r"lfm"), "LFM2 (short convolutions) is not in megatron-core 0.16"),
+    ("megatron", re.compile(r"qwen3_5|qwen3\.5"),
+     "Qwen3.5 (Gated DeltaNet linear attention, megatron-core's experimental_attention_variant) is not built by "
+     "Primus's Megatron backend"),
+    ("megatron", re.compile(r"glm_?5"),
+     "GLM-5 (DeepSeek Sparse Attention: an indexer on MLA, megatron-core's experimental_attention_variant) is not "
+     "built by Primus's Megatron backend"),
+    ("megatron", re.compile(r"minimax"),
+     "MiniMax-M2.5 normalises q and k over all heads (qk_norm_type per_layer), which megatron-core 0.16's per-head "
+     "qk_layernorm does not build"),
+    ("torchtitan", re.compile(r"llama4"), "Llama 4 is not a TorchTitan 0.3.0 model (torchtitan/models has no llama4)"),
 ]
 
 

@@ -7,7 +7,8 @@ Parameters per rank (the heaviest pipeline stage), as megatron-core places them
     Attention, dense MLPs, shared experts, embedding and output head are split by TP; norms,
     routers and MLA's down-projections are whole on every TP rank. Routed experts are split
     over EP ranks (``n_experts / ep`` each) and each expert's matrices over ETP. A stage holds
-    ``n_layers / pp`` consecutive layers (MoE where ``moe_layer_freq`` says); the first stage
+    ``n_layers / pp`` consecutive layers, or those Megatron's ``pipeline_model_parallel_layout``
+    places on it (MoE where ``moe_layer_freq`` says); the first stage
     also holds the embedding, the last the final norm, the output head (a tied head is a second
     copy when pp > 1, as in Megatron) and the MTP layers. With tp = pp = ep = 1 this is exactly
     ``ModelSpec.total_params()``.
@@ -95,10 +96,10 @@ def estimate_params(model: ModelSpec, layout: ParallelLayout) -> ParamEstimate:
     t, p = layout.tp, layout.pp
     pattern = model.moe_layer_pattern()
     embedding = _split(model.vocab_size * model.dim, t)
-    per_stage = _split(model.n_layers, p)
+    layer_ids = layout.stage_layer_ids(model.n_layers)
     stages, experts = [], []
     for stage in range(p):
-        layers = [_layer_on_rank(model, layout, bool(m)) for m in pattern[stage * per_stage:(stage + 1) * per_stage]]
+        layers = [_layer_on_rank(model, layout, bool(pattern[i])) for i in layer_ids[stage] if i < len(pattern)]
         params, expert = sum(a for a, _ in layers), sum(b for _, b in layers)
         if stage == 0:
             params += embedding
@@ -164,7 +165,7 @@ def estimate_memory(model: ModelSpec, layout: ParallelLayout, *, flash_attention
     grads = sharded(grad_bytes) if fsdp else n * grad_bytes
     optimizer = sharded(optimizer_bytes) if layout.sharding in ("optimizer", "fsdp") else n * optimizer_bytes
     per_layer = activation_bytes_per_layer(model, layout, flash_attention)
-    layers = _split(model.n_layers, layout.pp)
+    layers = max(len(ids) for ids in layout.stage_layer_ids(model.n_layers))
     in_flight = min(layout.pp, layout.num_microbatches)
     s = layout.seq_len // layout.cp
     logits = 4 * s * layout.micro_batch_size * model.vocab_size // layout.tp

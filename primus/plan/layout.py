@@ -5,6 +5,7 @@ settings into one (the lead's ``resolve_experiment`` path), and tests build it d
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -21,6 +22,37 @@ class LayoutIssue:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+LAYOUT_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
+
+
+def parse_pipeline_layout(text: str) -> list[str]:
+    """Megatron's ``pipeline_model_parallel_layout`` string as its stages, each a string of E/t/m/L
+    (megatron-core's ``PipelineParallelLayerLayout.parse_str_to_list``: commas are cosmetic,
+    ``(ab|)*n`` and ``x*n`` repeat). Stage i runs on pipeline rank i % pp (virtual stage i // pp)."""
+    flat = str(text).replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        flat = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), flat)
+    stages = flat.split("|")
+    unknown = sorted(set("".join(stages)) - set(LAYOUT_CHARS))
+    if unknown:
+        raise ConfigError(f"pipeline layout '{text}': unknown layer character(s) {', '.join(map(repr, unknown))} "
+                          f"(known: E embedding, t decoder layer, m MTP layer, L loss)")
+    return stages
+
+
+def pipeline_stage_layers(text: str, pp: int) -> list[list[int]]:
+    """The decoder layer ids each pipeline rank holds under a layout string, in layer order."""
+    stages = parse_pipeline_layout(text)
+    ranks: list[list[int]] = [[] for _ in range(pp)]
+    layer = 0
+    for i, stage in enumerate(stages):
+        for char in stage:
+            if char == "t":
+                ranks[i % pp].append(layer)
+                layer += 1
+    return ranks
 
 
 def worst_level(issues: list[LayoutIssue]) -> str:
@@ -49,6 +81,9 @@ class ParallelLayout:
     grad_dtype: str = "fp32"
     optimizer_dtype: str = "fp32"  # Adam's two moments
     master_weights: bool = True  # an fp32 master copy when param_dtype is lower precision
+    # Megatron's pipeline_model_parallel_layout ("Et*5|t*6|...|t*5,L"): layers per stage come from
+    # it instead of an even n_layers / pp split
+    pipeline_layout: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch_size", "seq_len"):
@@ -79,6 +114,14 @@ class ParallelLayout:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def stage_layer_ids(self, n_layers: int) -> list[list[int]]:
+        """The decoder layer ids on each pipeline rank: from ``pipeline_layout``, else n_layers / pp
+        consecutive layers per rank (the last rank may hold fewer)."""
+        if self.pipeline_layout is not None:
+            return pipeline_stage_layers(self.pipeline_layout, self.pp)
+        per = -(-n_layers // self.pp)
+        return [list(range(r * per, min(n_layers, (r + 1) * per))) for r in range(self.pp)]
 
     @property
     def world_size(self) -> int:
@@ -125,7 +168,18 @@ def check_layout(model: ModelSpec, layout: ParallelLayout, world_size: int | Non
         bad(f"n_kv_heads ({model.kv_heads}) is not divisible by tp ({t}): each TP rank needs whole KV heads")
     if model.ffn_dim % t:
         bad(f"ffn width ({model.ffn_dim}) is not divisible by tp ({t})")
-    if model.n_layers % p:
+    if layout.pipeline_layout is not None:
+        try:
+            stages = parse_pipeline_layout(layout.pipeline_layout)
+        except ConfigError as exc:
+            bad(str(exc))
+        else:
+            decoders = sum(stage.count("t") for stage in stages)
+            if len(stages) % p:
+                bad(f"the pipeline layout has {len(stages)} stages, not a multiple of pp ({p})")
+            if decoders != model.n_layers:
+                bad(f"the pipeline layout places {decoders} decoder layers; the model has {model.n_layers}")
+    elif model.n_layers % p:
         bad(f"n_layers ({model.n_layers}) is not divisible by pp ({p})")
     gbs, mbs, dp = layout.effective_global_batch_size, layout.micro_batch_size, layout.dp
     if gbs % (mbs * dp):

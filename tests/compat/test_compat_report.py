@@ -6,6 +6,7 @@ The TorchTitan experiment is in TorchTitan 0.2 / AMD Primus spelling (``optimize
 ``Trainer.Config``), plan on 8 ranks and the dry-run, unchanged.
 """
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -81,7 +82,9 @@ def test_the_report_over_a_checkout(tmp_path, compat_tool, monkeypatch):
     write(checkout / "examples/README.yaml", "not: an experiment\n")
     out = tmp_path / "compat.md"  # a document with the report between markers: the rest is kept
     out.write_text(f"# Compatibility\n\nWritten by hand.\n{compat_tool.BEGIN}\nold report\n{compat_tool.END}\nAfter.\n")
+    environment = dict(os.environ)
     assert compat_tool.main([str(checkout), "--out", str(out)]) == 0
+    assert dict(os.environ) == environment  # NNODES=1 leaked into later tests' `primus plan` world size
     text = out.read_text()
     assert text.startswith("# Compatibility\n\nWritten by hand.\n") and text.endswith(f"{compat_tool.END}\nAfter.\n")
     assert "old report" not in text

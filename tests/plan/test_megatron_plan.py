@@ -117,3 +117,28 @@ def test_model_spec_survives_the_json_trip_to_preflight():
     for args in (GPT, {**GPT, "num_experts": 4, "moe_layer_freq": "([0]+[1])", "moe_router_topk": 1}):
         model = model_from_args(args)
         assert ModelSpec(**json.loads(json.dumps(model.model_dump()))) == model
+
+
+def test_block_recompute_of_zero_layers_keeps_activations():
+    full = {**GPT, "recompute_granularity": "full", "recompute_method": "block"}
+    assert layout_from_args({**full, "recompute_num_layers": 2}, world_size=8).recompute
+    assert not layout_from_args({**full, "recompute_num_layers": 0}, world_size=8).recompute
+
+
+def test_a_pipeline_layout_sets_the_layers_per_stage():
+    from primus.plan.estimate import estimate_memory, estimate_params
+    from primus.plan.layout import check_layout
+
+    args = {**GPT, "num_layers": 5, "pipeline_model_parallel_size": 2, "pipeline_model_parallel_layout": "Et*1|t*4,L"}
+    model, layout = model_from_args(args), layout_from_args(args, world_size=2)
+    assert layout.stage_layer_ids(5) == [[0], [1, 2, 3, 4]]
+    assert not [i for i in check_layout(model, layout, 2) if i.level == "fail"]  # 5 layers on pp 2: the layout says how
+    assert estimate_memory(model, layout).layers_per_stage == 4
+    even = layout_from_args({**args, "num_layers": 6, "pipeline_model_parallel_layout": None}, world_size=2)
+    assert even.stage_layer_ids(6) == [[0, 1, 2], [3, 4, 5]]
+    a = estimate_params(model, layout).per_stage
+    b = estimate_params(model, layout_from_args({**args, "pipeline_model_parallel_layout": "Et*4|t*1,L"}, 2)).per_stage
+    assert a[1] - b[1] == b[0] - a[0] > 0  # three layers moved from the first stage to the last
+    six = {**args, "num_layers": 6}
+    assert [i.message for i in check_layout(model_from_args(six), layout_from_args(six, world_size=2), 2)
+            if i.level == "fail"] == ["the pipeline layout places 5 decoder layers; the model has 6"]

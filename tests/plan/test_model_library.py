@@ -30,6 +30,9 @@ REQUIRED = """llama2_7B llama2_13B llama2_70B llama3_8B llama3_70B llama3.1_8B l
 llama3.2_3B llama3.3_70B qwen2.5_3B qwen2.5_7B qwen2.5_14B qwen2.5_32B qwen2.5_72B qwen3_4B qwen3_8B qwen3_14B
 qwen3_32B qwen3_30B_A3B qwen3_235B_A22B mixtral_8x7B_v0.1 mixtral_8x22B_v0.1 deepseek_v2_lite deepseek_v2 deepseek_v3
 gpt_oss_20B gpt_oss_120B llama4_17B16E llama4_17B128E grok1 grok2""".split()
+# Issue #14: the other AMD Primus names its example experiments use whose network megatron-core 0.16 builds
+# (Qwen3.5, GLM-5 and MiniMax-M2.5 it does not: primus/compat/families.py refuses them in one line).
+REQUIRED += "qwen3_235B_A22B_4layer deepseek_r1_distill_qwen_1.5B kimi_k2".split()
 
 # Public parameter counts (shared/reference/README.md, "Public parameter counts"): total, and active per token
 # for MoE. ``no_input_embedding``: the publisher counts active parameters without the input embedding table
@@ -46,6 +49,7 @@ PUBLIC = {
     "deepseek_v3": dict(total=685e9, total_without_mtp=671e9, active=37e9),
     "gpt_oss_20B": dict(total=20.9e9, active=3.6e9, no_input_embedding=True),
     "gpt_oss_120B": dict(total=116.8e9, active=5.1e9, no_input_embedding=True),
+    "deepseek_r1_distill_qwen_1.5B": dict(total=1.78e9),  # the Hugging Face checkpoint's 1.78B (untied head)
 }
 # Where the plan cannot be within 2%, why (asserted within the tolerance given, never silently widened).
 EXPLAINED = {

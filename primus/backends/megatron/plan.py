@@ -34,6 +34,7 @@ MEGATRON_LM_DEFAULTS: dict[str, Any] = {
     "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
     "micro_batch_size": None, "global_batch_size": None, "recompute_granularity": None,
+    "recompute_method": None, "recompute_num_layers": None, "pipeline_model_parallel_layout": None,
     "use_distributed_optimizer": False, "use_torch_fsdp2": False, "use_megatron_fsdp": False,
     "bf16": False, "fp16": False,
 }
@@ -148,8 +149,10 @@ def layout_from_args(args: Any, world_size: int | None = None) -> ParallelLayout
         tp=tp, pp=pp, cp=cp, dp=max(1, world // (tp * pp * cp)),
         ep=a.expert_model_parallel_size, etp=a.expert_tensor_parallel_size,
         micro_batch_size=a.micro_batch_size or 1, global_batch_size=a.global_batch_size,
-        seq_len=a.seq_length or 2048, recompute=a.recompute_granularity == "full", sharding=sharding,
+        seq_len=a.seq_length or 2048, recompute=a.recompute_granularity == "full" and not (a.recompute_method == "block" and a.recompute_num_layers == 0),
+        sharding=sharding,
         param_dtype="bf16" if a.bf16 else "fp16" if a.fp16 else "fp32",
+        pipeline_layout=a.pipeline_model_parallel_layout,
     )
 
 

@@ -69,6 +69,9 @@ _INT_ZERO_ALLOWED = {
     "num_workers",  # 0: load in the main process
     "cpu_offloading_num_layers", "moe_shared_expert_intermediate_size",
     "num_experts",  # 0: dense (Megatron-LM turns it into None)
+    # 0 with recompute_method: block recomputes no layer (megatron-core's block loop); Megatron-LM's
+    # argparse takes any int (validate_args refuses uniform with 0: that loop would never advance)
+    "recompute_num_layers",
 }
 # Integer arguments with a sentinel below zero (-1 = off / automatic), as Megatron-LM documents.
 _INT_SENTINELS = {"rl_default_top_k": -1, "inference_batch_times_seqlen_threshold": -1,

@@ -51,6 +51,8 @@ IMPLEMENTED: dict[str, str] = {
         # MLA (MLATransformerConfig) and multi-token prediction
         "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type",
         "rotary_scaling_factor", "mscale", "mscale_all_dim", "mtp_num_layers", "mtp_loss_scaling_factor",
+        # megatron-core places the layers (get_num_layers_to_build / get_layer_offset / mtp_on_this_rank)
+        "pipeline_model_parallel_layout",
     ), _TC),
     # TransformerConfig fields Megatron-LM fills from differently named arguments (model.py)
     **dict.fromkeys(("num_experts", "group_query_attention", "swiglu", "squared_relu", "quick_geglu",
@@ -179,7 +181,7 @@ REFUSED: dict[str, str] = {
         "context_parallel_size", "hierarchical_context_parallel_sizes", "max_seqlen_per_dp_cp_rank",
         "hybrid_context_parallel", "use_megatron_fsdp", "use_torch_fsdp2", "torch_fsdp2_reshard_after_forward",
         "data_parallel_sharding_strategy", "outer_dp_sharding_strategy", "fsdp_double_buffer",
-        "enable_full_sharding_in_hsdp", "num_distributed_optimizer_instances", "pipeline_model_parallel_layout",
+        "enable_full_sharding_in_hsdp", "num_distributed_optimizer_instances",
         "megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype", "megatron_fsdp_grad_comm_dtype",
         "fake_process_group", "dist_ckpt_optim_fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient",
     ), _LAYOUT),

@@ -13,6 +13,7 @@ as a note and said once at run time.
 from __future__ import annotations
 
 from primus.config.errors import ConfigError
+from primus.plan.layout import parse_pipeline_layout
 
 
 def _fail(module: str, message: str, key: str | None = None) -> ConfigError:
@@ -57,6 +58,10 @@ def apply_megatron_lm_rules(args, *, module: str = "pre_trainer") -> None:
                     "recompute_method")
     if args.recompute_granularity == "full" and (args.recompute_method is None or args.recompute_num_layers is None):
         raise _fail(m, "recompute_granularity: full needs recompute_method and recompute_num_layers")
+    if args.recompute_method == "uniform" and args.recompute_num_layers == 0:
+        # megatron-core's uniform loop advances by recompute_num_layers: with 0 it never ends
+        raise _fail(m, "must be at least 1 with recompute_method: uniform (layers per recomputed chunk; "
+                       "block takes 0: no layer recomputed)", "recompute_num_layers")
     if args.distribute_saved_activations and (args.tensor_model_parallel_size == 1
                                               or args.recompute_granularity != "full"):
         raise _fail(m, "needs tensor_model_parallel_size > 1 and recompute_granularity: full",
@@ -254,13 +259,46 @@ def _moe_rules(args, m: str) -> None:
 
 def virtual_pipeline_size(args) -> int | None:
     """Megatron-LM's virtual_pipeline_model_parallel_size (None: no interleaving)."""
-    if args.num_virtual_stages_per_pipeline_rank is not None:
+    if args.pipeline_model_parallel_layout is not None:
+        vpp = len(parse_pipeline_layout(args.pipeline_model_parallel_layout)) // args.pipeline_model_parallel_size
+    elif args.num_virtual_stages_per_pipeline_rank is not None:
         vpp = args.num_virtual_stages_per_pipeline_rank
     elif args.num_layers_per_virtual_pipeline_stage is not None:
         vpp = args.num_layers // args.pipeline_model_parallel_size // args.num_layers_per_virtual_pipeline_stage
     else:
         return None
     return vpp if vpp > 1 else None
+
+
+def _check_pipeline_layout(args, pp: int, m: str) -> None:
+    """Megatron-LM's validate_args and megatron-core's TransformerConfig / PipelineParallelLayerLayout
+    rules for ``pipeline_model_parallel_layout``."""
+    key = f"{m}.pipeline_model_parallel_layout"
+    others = [k for k in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank")
+              if getattr(args, k) is not None]
+    if others:
+        raise ConfigError(f"{key}: excludes {others[0]} (Megatron-LM takes one of the two)")
+    others = [k for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+              if getattr(args, k) is not None] + \
+             [k for k in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+              if getattr(args, k)]
+    if others:
+        raise ConfigError(f"{key}: excludes {others[0]} (megatron-core: the layout places every layer)")
+    try:
+        stages = parse_pipeline_layout(args.pipeline_model_parallel_layout)
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    if len(stages) % pp:
+        raise ConfigError(f"{key}: {len(stages)} stages are not divisible by pipeline_model_parallel_size ({pp})")
+    flat = "".join(stages)  # layer order: stage i is virtual stage i // pp of rank i % pp
+    if not flat.startswith("E") or not flat.endswith("L") or flat.count("E") != 1 or flat.count("L") != 1:
+        raise ConfigError(f"{key}: must start with the embedding (E) and end with the loss (L), once each")
+    if flat.count("t") != args.num_layers:
+        raise ConfigError(f"{key}: places {flat.count('t')} decoder layers (t); num_layers is {args.num_layers}")
+    if flat.count("m") != (args.mtp_num_layers or 0):
+        raise ConfigError(f"{key}: places {flat.count('m')} MTP layers (m); mtp_num_layers is {args.mtp_num_layers}")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        raise ConfigError(f"{key}: decoder layers (t) must come before the MTP layers (m)")
 
 
 def check_parallel_layout(args, world_size: int | None, *, module: str = "pre_trainer") -> int | None:
@@ -283,7 +321,9 @@ def check_parallel_layout(args, world_size: int | None, *, module: str = "pre_tr
     layers = args.num_layers + int(args.account_for_embedding_in_pipeline_split) \
         + int(args.account_for_loss_in_pipeline_split)
     uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
-    if layers % pp and not uneven:
+    if args.pipeline_model_parallel_layout is not None:
+        _check_pipeline_layout(args, pp, m)  # the layout says the layers per stage: no even split needed
+    elif layers % pp and not uneven:
         raise ConfigError(f"{m}: num_layers ({args.num_layers}) is not divisible by "
                           f"pipeline_model_parallel_size ({pp})")
     if args.num_layers_per_virtual_pipeline_stage is not None:

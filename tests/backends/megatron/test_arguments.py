@@ -171,3 +171,42 @@ def test_gpu_fusions_only_where_their_kernels_are_installed():
     assert not any(flags[name] for name in off)
     assert set(derived.values["fusions_off"].split(",")) == off
     assert not any(fusion_flags(args, False, Derived()).values())
+
+
+# ---------------------------------------------------------------- pipeline_model_parallel_layout
+
+def test_a_pipeline_layout_replaces_the_even_split_rule():
+    # Megatron-LM skips "num_layers divisible by pp" when the layout says where each layer goes
+    # (AMD's Qwen3-235B: 94 layers on PP 4 as "Et*5|t*6|...|t*5,L")
+    args = parse_args(params(num_layers=5, pipeline_model_parallel_size=2,
+                             pipeline_model_parallel_layout="Et*2|t*3,L"))
+    assert check_parallel_layout(args, 2) == 1
+    with pytest.raises(ConfigError):  # the same 5 layers without a layout: the even split
+        check_parallel_layout(parse_args(params(num_layers=5, pipeline_model_parallel_size=2)), 2)
+
+
+def test_a_pipeline_layout_gives_the_virtual_stages():
+    from primus.backends.megatron.validate_args import virtual_pipeline_size
+
+    args = parse_args(params(num_layers=6, pipeline_model_parallel_size=2,
+                             pipeline_model_parallel_layout="Et|(t|)*4,tL"))
+    assert virtual_pipeline_size(args) == 3
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"pipeline_model_parallel_layout": "Et*2|t*3,L"}, "places 5 decoder layers (t); num_layers is 4"),
+    ({"pipeline_model_parallel_layout": "Et*2|t|t,L"}, "3 stages are not divisible by pipeline_model_parallel_size (2)"),
+    ({"pipeline_model_parallel_layout": "t*2|t*2,L"}, "must start with the embedding (E)"),
+    ({"pipeline_model_parallel_layout": "Et*2|t*2x,L"}, "unknown layer character(s) 'x'"),
+    ({"pipeline_model_parallel_layout": "Et*2|t*2,L", "mtp_num_layers": 1}, "places 0 MTP layers (m); mtp_num_layers is 1"),
+    ({"pipeline_model_parallel_layout": "Et*2|mt*2,L", "mtp_num_layers": 1}, "decoder layers (t) must come before"),
+    ({"pipeline_model_parallel_layout": "Et*2|t*2,L", "num_virtual_stages_per_pipeline_rank": 2},
+     "excludes num_virtual_stages_per_pipeline_rank"),
+    ({"pipeline_model_parallel_layout": "Et*2|t*2,L", "decoder_first_pipeline_num_layers": 2},
+     "excludes decoder_first_pipeline_num_layers"),
+])
+def test_bad_pipeline_layouts_are_one_line_naming_the_key(overrides, expected):
+    with pytest.raises(ConfigError) as exc:
+        check_parallel_layout(parse_args(params(pipeline_model_parallel_size=2, **overrides)), 2)
+    assert one_line(exc).startswith("modules.pre_trainer.pipeline_model_parallel_layout: ")
+    assert expected in str(exc.value)

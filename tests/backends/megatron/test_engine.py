@@ -138,3 +138,11 @@ def test_train_valid_test_data_paths(runs, tiny_indexed):
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     log = (runs.root / "split_paths" / "output.log").read_text()
     assert "[EVAL] step=2 " in log and "[EVAL] step=4 " in log  # no data_path, no split: the valid blend was built
+
+
+def test_pipeline_layout_places_uneven_stages(runs):
+    """AMD's PP layouts ("Et*5|t*6|...|t*5,L"): megatron-core builds each stage's layers from the layout
+    string, so 3 layers run on 2 stages (1 + 2), which the even split would refuse."""
+    records = runs("pp2_layout", 2, num_layers=3, pipeline_model_parallel_size=2,
+                   pipeline_model_parallel_layout="Et|tt,L")
+    assert_learns(records)

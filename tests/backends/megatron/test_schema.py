@@ -240,3 +240,19 @@ def test_kernel_only_arguments_are_said_never_silent():
     # a value equal to Megatron-LM's default says nothing
     args = parse_args(params(use_flash_attn=False))
     assert support.run_time_notes(args, args.given) == []
+
+
+# ---------------------------------------------------------------- recompute_num_layers: 0 (AMD's mixtral 8x22B)
+
+def test_block_recompute_of_zero_layers_is_accepted_as_megatron_lm_does():
+    # Megatron-LM's --recompute-num-layers is a plain int; megatron-core's block loop recomputes none of them
+    args = parse_args(params(recompute_granularity="full", recompute_method="block", recompute_num_layers=0))
+    assert args.recompute_num_layers == 0 and args.recompute_method == "block"
+
+
+def test_uniform_recompute_of_zero_layers_is_one_line():
+    # megatron-core's uniform loop advances by recompute_num_layers: 0 would never end
+    message = error_of(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=0)
+    assert message.startswith("modules.pre_trainer.recompute_num_layers: must be at least 1")
+    assert "greater than or equal to 0" in error_of(recompute_granularity="full", recompute_method="block",
+                                                    recompute_num_layers=-1)
