@@ -95,6 +95,10 @@ def main(argv: list[str]) -> int:
     # OpenMP worker burn the core another process needs (measured 70-150x slower steps under load;
     # docs/performance.md). Sleeping waiters cost little when a core is free.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not any(arg == "-n" or arg.startswith(("-n", "--numprocesses")) for arg in rest) and (os.cpu_count() or 1) > 1:
+        # two pytest workers, one test file each at a time (a file's fixtures stay in one process):
+        # most tests wait on engine subprocesses, so two cores serve two files (31 -> 19 min on 2 cores)
+        rest = ["-n", "2", "--dist", "loadfile", *rest]
     return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], env=env, cwd=ROOT)
 
 
