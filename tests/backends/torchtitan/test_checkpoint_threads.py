@@ -48,6 +48,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["upstream", "patched"])
 def test_checkpoint_leaves_no_openmp_pools(tmp_path, mode):
     import torch

@@ -90,6 +90,7 @@ def test_fp8_presets_are_their_model_with_the_float8_converter(name):
     assert fp8 == base
 
 
+@pytest.mark.e2e  # ends in a real (refused) run
 def test_an_fp8_preset_validates_and_plans_and_a_run_refuses_it_in_one_line(tmp_path, run_primus):
     exp = write(tmp_path / "exp.yaml", f"""work_group: amd
 user_name: root
