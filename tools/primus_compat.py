@@ -162,7 +162,7 @@ def cause(error: str) -> str:
     text = re.sub(r"modules\.\w+\.", "", text)
     text = re.sub(r"'[^']*'", "'…'", text)
     text = re.sub(r"\(got [^)]*\)", "(got …)", text)
-    text = re.sub(r"\d+(\.\d+)?", "N", text)
+    text = re.sub(r"(?<![#\d])\d+(\.\d+)?", "N", text)  # issue numbers (#15) kept
     return text[:140]
 
 
