@@ -65,26 +65,29 @@ def _one_rank_env() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def train_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
-                     resume: bool = False) -> list[dict[str, Any]]:
-    """One rank, in this process (engines imported once per test session); returns the metrics."""
+def _worker_in_process(run_dir: Path, framework: str, params: dict[str, Any], stage: str, resume: bool) -> int:
+    """The real worker (``train_worker``) as one rank, in this process; its exit code."""
     from primus.runtime.train import train_worker
 
     payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
     with _one_rank_env():
-        assert train_worker(json.loads(payload.read_text())) == 0
+        return train_worker(json.loads(payload.read_text()))
+
+
+def train_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
+                     resume: bool = False) -> list[dict[str, Any]]:
+    """One rank, in this process (engines imported once per test session); returns the metrics."""
+    assert _worker_in_process(run_dir, framework, params, stage, resume) == 0
     return read_metrics(run_dir)
 
 
 def refused_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
                        resume: bool = False) -> str:
     """Like ``train_in_process`` for a run the worker must refuse: exit 2, and the one error line it logged."""
-    from primus.runtime.train import train_worker
+    from primus.runtime.rundir import RunDir
 
-    payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
-    with _one_rank_env():
-        assert train_worker(json.loads(payload.read_text())) == 2
-    errors = (Path(run_dir) / "logs" / "pre_trainer" / "rank-0" / "error.log").read_text().strip().splitlines()
+    assert _worker_in_process(run_dir, framework, params, stage, resume) == 2
+    errors = (RunDir(run_dir).logs("pre_trainer") / "rank-0" / "error.log").read_text().strip().splitlines()
     assert len(errors) == 1, errors
     return errors[0]
 
