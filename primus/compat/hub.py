@@ -1,10 +1,12 @@
-"""Hugging Face Hub tokenizers named by id (``meta-llama/Llama-3.1-8B``), fetched once into the HF cache.
+"""Hugging Face Hub repos named by id (``meta-llama/Llama-3.1-8B``), fetched once into the HF cache.
 
-AMD Primus's model presets name their tokenizer by Hub id and its blog says ``export HF_TOKEN=…``;
-here the same id works: on each node local rank 0 downloads the tokenizer files with
-``huggingface_hub`` (``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HOME`` honoured as usual) while the other
-local ranks wait for the files to appear in the cache. Without network the run stops with one
-line saying to point ``tokenizer_model`` / ``hf_assets_path`` at a local directory.
+AMD Primus's model presets name their tokenizer by Hub id, its SFT examples name the model to start
+from (``hf_path``) and the instruction data (``sft_dataset_name: tatsu-lab/alpaca``) the same way, and
+its blog says ``export HF_TOKEN=…``; here the same ids work: on each node local rank 0 downloads
+what the run reads with ``huggingface_hub`` (``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HOME`` honoured as
+usual) while the other local ranks wait for the files to appear in the cache. Without network the
+run stops with one line saying to point the key at a local directory. ``config validate``, ``plan``
+and ``--dry-run`` never download.
 """
 from __future__ import annotations
 
@@ -19,7 +21,12 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # What a tokenizer needs (Hugging Face tokenizers, SentencePiece, tiktoken-style BPE) and the model
 # config TorchTitan reads next to it; never weights.
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "tiktoken.model", "vocab.json", "merges.txt", "config.json", "generation_config.json"]
+                   "tiktoken.model", "vocab.json", "merges.txt", "config.json", "generation_config.json",
+                   "chat_template.jinja"]
+# A model to start from: its tokenizer and config plus the safetensors weights (never .bin / .pth copies).
+MODEL_FILES = [*TOKENIZER_FILES, "*.safetensors", "*.safetensors.index.json"]
+# Instruction data as the Hub stores it (Parquet conversions, or the author's JSON / JSONL).
+DATASET_FILES = ["*.parquet", "*.jsonl", "*.json", "**/*.parquet", "**/*.jsonl", "**/*.json"]
 
 
 def is_hub_id(reference: object) -> bool:
@@ -29,30 +36,44 @@ def is_hub_id(reference: object) -> bool:
     return not Path(reference).expanduser().exists()
 
 
-def _snapshot(repo_id: str, *, local_files_only: bool) -> Path:
+# What each kind of repo is fetched for: (repo_type, files, what the error line calls it).
+_KINDS = {"tokenizer": ("model", TOKENIZER_FILES, "the tokenizer"),
+          "model": ("model", MODEL_FILES, "the model"),
+          "dataset": ("dataset", DATASET_FILES, "the dataset")}
+
+
+def _snapshot(repo_id: str, kind: str, *, local_files_only: bool) -> Path:
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(repo_id, allow_patterns=TOKENIZER_FILES, local_files_only=local_files_only,
-                                  token=os.environ.get("HF_TOKEN") or None))
+    repo_type, files, _ = _KINDS[kind]
+    return Path(snapshot_download(repo_id, repo_type=repo_type, allow_patterns=files,
+                                  local_files_only=local_files_only, token=os.environ.get("HF_TOKEN") or None))
 
 
-def _marker(repo_id: str) -> Path:
+def _marker(repo_id: str, kind: str) -> Path:
     """Written by local rank 0 once every file is in the cache (the cache's refs appear earlier)."""
     from huggingface_hub import constants
 
-    return Path(constants.HF_HUB_CACHE) / ".primus-fetched" / repo_id.replace("/", "--")
+    name = repo_id.replace("/", "--") + ("" if kind == "tokenizer" else f".{kind}")
+    return Path(constants.HF_HUB_CACHE) / ".primus-fetched" / name
 
 
 def fetch_tokenizer(repo_id: str, *, key: str, local_rank: int = 0, wait_s: float = 1800.0) -> Path:
     """The local snapshot directory of ``repo_id``'s tokenizer files (downloaded once, by local rank 0)."""
+    return fetch(repo_id, "tokenizer", key=key, local_rank=local_rank, wait_s=wait_s)
+
+
+def fetch(repo_id: str, kind: str, *, key: str, local_rank: int = 0, wait_s: float = 1800.0) -> Path:
+    """The local snapshot directory of a Hub repo's ``kind`` files: tokenizer, model (weights too) or
+    dataset; downloaded once per node by local rank 0 while the others wait."""
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
         raise ConfigError(f"{key}: '{repo_id}' is a Hugging Face Hub id, and huggingface_hub is not installed: "
                           f"pip install huggingface_hub, or point {key} at a local directory") from None
-    marker = _marker(repo_id)
+    marker = _marker(repo_id, kind)
     if local_rank == 0:
-        path = _download(repo_id, key)
+        path = _download(repo_id, kind, key)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(str(path))
         return path
@@ -65,16 +86,18 @@ def fetch_tokenizer(repo_id: str, *, key: str, local_rank: int = 0, wait_s: floa
         time.sleep(0.5)
 
 
-def _download(repo_id: str, key: str) -> Path:
+def _download(repo_id: str, kind: str, key: str) -> Path:
     try:
-        return _snapshot(repo_id, local_files_only=True)  # fetched before: no network needed
+        return _snapshot(repo_id, kind, local_files_only=True)  # fetched before: no network needed
     except Exception:
         pass
     try:
-        return _snapshot(repo_id, local_files_only=False)
+        return _snapshot(repo_id, kind, local_files_only=False)
     except Exception as exc:  # offline, gated without HF_TOKEN, unknown repo: one line, no traceback
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        holding = {"tokenizer": "holding tokenizer.json", "model": "holding config.json and *.safetensors",
+                   "dataset": "or file holding the records (.jsonl / .json / .parquet)"}[kind]
         raise ConfigError(
-            f"{key}: cannot fetch the tokenizer '{repo_id}' from the Hugging Face Hub ({type(exc).__name__}: "
-            f"{reason}); point {key} at a local directory holding tokenizer.json (or export HF_TOKEN for a "
+            f"{key}: cannot fetch {_KINDS[kind][2]} '{repo_id}' from the Hugging Face Hub ({type(exc).__name__}: "
+            f"{reason}); point {key} at a local directory {holding} (or export HF_TOKEN for a "
             f"gated repo)") from None

@@ -116,8 +116,10 @@ def _recompute_layer_ids(value: Any, ctx, key: str) -> None:
 
 def _conversation_format(value: Any, ctx, key: str) -> None:
     """AMD Primus's ``messages`` format is the tokenizer's chat template; other values go to the backend."""
-    if value == "messages":
-        ctx.set(key, "chat_template", key, "AMD Primus's messages format renders with the tokenizer's chat template")
+    if value in ("messages", "openai"):
+        ctx.set(key, "chat_template", key, f"AMD Primus's {value} format renders with the tokenizer's chat template")
+    elif value == "bridge_squad":
+        ctx.set(key, "squad", key, "AMD Primus's bridge_squad is its squad format (Megatron-Bridge's wording)")
     else:
         ctx.params[key] = value
 

@@ -1,12 +1,14 @@
 """Instruction data for supervised fine-tuning, the same on every LLM backend.
 
-A JSONL file holds one conversation per line, either
+A JSONL file (or a folder of JSONL / JSON / Parquet files, as a Hugging Face dataset repo stores
+them) holds one conversation per record, either
 
 * ``{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...]}``
   rendered with the tokenizer's own chat template, or
-* ``{"prompt": ..., "response": ...}`` (also ``input``/``output``, or Alpaca's
-  ``instruction`` + ``input`` + ``output``), rendered with the chat template as one user and
-  one assistant turn, or as Alpaca / ChatML / plain text (``conversation_format``).
+* ``{"prompt": ..., "response": ...}`` (also ``input``/``output``, Alpaca's
+  ``instruction`` + ``input`` + ``output``, or SQuAD's ``context`` + ``question`` + ``answers``),
+  rendered with the chat template as one user and one assistant turn, or as Alpaca / ChatML /
+  SQuAD / plain text (``conversation_format``, AMD Primus's wording for each).
 
 Loss is taken on response tokens only: everything the template writes for an assistant turn
 (its content and end-of-turn marker) and the final end-of-sequence token; system and user
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from primus.config.errors import ConfigError
 
 IGNORE_INDEX = -100  # the label both engines' cross-entropy skips (torch's default ignore_index)
-FORMATS = ("auto", "chat_template", "alpaca", "chatml", "plain")
+FORMATS = ("auto", "chat_template", "alpaca", "chatml", "squad", "plain")
+Format = Literal["auto", "chat_template", "alpaca", "chatml", "squad", "plain"]
+RECORD_SUFFIXES = (".parquet", ".jsonl", ".json")  # in this order of preference within a folder
+# A file belongs to a split when a word of its path names it (Hub layouts: data/train-0000-of-0001.parquet,
+# plain_text/validation-….parquet, dev.jsonl); files naming no split are training data.
+_SPLIT_WORDS = {"train": "train", "training": "train", "validation": "valid", "valid": "valid", "val": "valid",
+                "dev": "valid", "test": "test"}
 _ALPACA_HEADER = ("Below is an instruction that describes a task. "
                   "Write a response that appropriately completes the request.\n\n")
 
@@ -47,7 +56,7 @@ class SFTDataSpec(BaseModel):
     path: str = Field(description="JSONL file, or a folder of *.jsonl files")
     valid_path: str | None = Field(None, description="validation JSONL; default: a split of `path`")
     valid_fraction: float = Field(0.05, ge=0, lt=1, description="share of `path` held out when no valid_path")
-    conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
+    conversation_format: Format = "auto"
     packing: bool = Field(False, description="several conversations per sequence (else one, padded)")
     seed: int = 1234
 
@@ -73,31 +82,67 @@ class SFTSequence:
 
 
 # -- reading -------------------------------------------------------------------------------------
-def jsonl_files(path: str | Path) -> list[Path]:
+def _split_of(relative: Path) -> str:
+    words = [w for part in relative.with_suffix("").parts for w in re.split(r"[^a-z]+", part.lower())]
+    return next((_SPLIT_WORDS[w] for w in words if w in _SPLIT_WORDS), "train")
+
+
+def record_files(path: str | Path, split: str = "train") -> list[Path]:
+    """The files of one split: ``path`` itself, or the record files of a folder (searched recursively,
+    one suffix: Parquet, else JSONL, else JSON), those of ``split`` by their names. Empty when the
+    folder has none of that split (a folder with no split names is all training data)."""
     path = Path(path).expanduser()
-    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-    if not files or not all(f.is_file() for f in files):
-        raise ConfigError(f"{path}: no such instruction file (a .jsonl file or a folder of them)")
+    if path.is_file():
+        return [path] if split == "train" else []
+    if path.is_dir():
+        for suffix in RECORD_SUFFIXES:
+            found = sorted(f for f in path.rglob(f"*{suffix}") if f.is_file() and not f.name.startswith("."))
+            if found:
+                return [f for f in found if _split_of(f.relative_to(path)) == split]
+    raise ConfigError(f"{path}: no such instruction file (a .jsonl / .json / .parquet file or a folder of them)")
+
+
+def jsonl_files(path: str | Path) -> list[Path]:
+    """The training files under ``path`` (at least one; else one ConfigError)."""
+    files = record_files(path)
+    if not files:
+        raise ConfigError(f"{path}: no training records (files named for the train split, or no split at all)")
     return files
 
 
-def read_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """``[(\"file:line\", record), ...]`` of every non-empty line; a malformed line is one ConfigError."""
-    records = []
-    for file in jsonl_files(path):
+def _rows(file: Path):
+    """``(line or row number, record)`` of one file."""
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from enumerate(pq.read_table(file).to_pylist(), 1)
+    elif file.suffix == ".json" and file.read_text(encoding="utf-8").lstrip()[:1] == "[":
+        try:
+            yield from enumerate(json.loads(file.read_text(encoding="utf-8")), 1)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    else:  # JSON Lines (a .json file of one object per line, as many Hub datasets ship, too)
         with file.open(encoding="utf-8") as lines:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
-                where = f"{file}:{number}"
                 try:
-                    record = json.loads(line)
+                    yield number, json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{where}: not valid JSON ({exc.msg})") from None
-                if not isinstance(record, dict):
-                    raise ConfigError(f"{where}: expected a JSON object, got {type(record).__name__}")
-                records.append((where, record))
-    if not records:
+                    raise ConfigError(f"{file}:{number}: not valid JSON ({exc.msg})") from None
+
+
+def read_records(path: str | Path, split: str = "train") -> list[tuple[str, dict[str, Any]]]:
+    """``[(\"file:line\", record), ...]`` of every record of ``split``; a malformed one is one ConfigError."""
+    records = []
+    files = jsonl_files(path) if split == "train" else record_files(path, split)
+    for file in files:
+        for number, record in _rows(file):
+            where = f"{file}:{number}"
+            if not isinstance(record, dict):
+                raise ConfigError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            records.append((where, record))
+    if not records and split == "train":
         raise ConfigError(f"{path}: no instruction records")
     return records
 
@@ -115,17 +160,28 @@ def split_records(records: list, valid_fraction: float, seed: int) -> tuple[list
 
 
 # -- rendering -----------------------------------------------------------------------------------
+def _squad(record: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """SQuAD's (context, question, first answer); Nones when the record is not SQuAD-shaped."""
+    answers = record.get("answers")
+    texts = answers.get("text") if isinstance(answers, dict) else answers
+    answer = texts[0] if isinstance(texts, list) and texts else record.get("answer")
+    return record.get("context"), record.get("question"), answer
+
+
 def _prompt_response(record: dict[str, Any], where: str) -> tuple[str, str, str | None]:
     response = record.get("response", record.get("output"))
     if "prompt" in record:
         prompt = record["prompt"]
     elif "instruction" in record:  # Alpaca: the optional `input` is context for the instruction
         prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
+    elif "question" in record:  # SQuAD-style QA: the context comes first
+        context, prompt, response = _squad(record)
+        prompt = f"{context}\n\n{prompt}" if isinstance(context, str) and isinstance(prompt, str) else prompt
     else:
         prompt = record.get("input")
     if not isinstance(prompt, str) or not isinstance(response, str):
         raise ConfigError(f"{where}: a record needs `messages`, or `prompt` and `response` strings "
-                          f"(also `input`/`output`); got keys {sorted(record)}")
+                          f"(also `input`/`output`, `question`/`answers`); got keys {sorted(record)}")
     system = record.get("system")
     return prompt, response, system if isinstance(system, str) else None
 
@@ -174,6 +230,14 @@ def render(record: dict[str, Any], tokenizer, conversation_format: str = "auto",
             raise ConfigError(f"{where}: `messages` need a tokenizer with a chat template (none in its "
                               "tokenizer_config.json); use prompt/response records")
         return _render_chat(_messages(record, where), tokenizer, where)
+    if conversation_format == "squad":  # AMD Primus / Megatron-Bridge: "Context: … Question: … Answer: …"
+        context, question, answer = _squad(record)
+        if not all(isinstance(v, str) for v in (context, question, answer)):
+            raise ConfigError(f"{where}: conversation_format squad needs `context`, `question` and `answers` "
+                              f"(or `answer`); got keys {sorted(record)}")
+        head = f"{tokenizer.bos_token or ''}Context: {context.strip(' ')} Question: {question.strip(' ')} Answer:"
+        tail = f" {answer.strip(' ')}"  # the space before the answer is supervised, as in AMD's formatter
+        return head + tail, [(len(head), len(head) + len(tail))]
     prompt, response, system = _prompt_response(record, where)
     fmt = conversation_format
     if fmt == "auto":
@@ -295,8 +359,11 @@ def load_tokenizer(path: str | Path):
 def build_splits(spec: SFTDataSpec, tokenizer, seq_len: int) -> tuple[SFTSequences, SFTSequences | None]:
     """(train, valid) sequences; valid is None when nothing is held out."""
     records = read_records(spec.path)
+    held_out = read_records(spec.path, "valid") if not spec.valid_path else []  # a dataset's own validation split
     if spec.valid_path:
         train_records, valid_records = records, read_records(spec.valid_path)
+    elif held_out:
+        train_records, valid_records = records, held_out
     else:
         train_records, valid_records = split_records(records, spec.valid_fraction, spec.seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from primus.data.sft import IGNORE_INDEX, SFTDataSpec, build_splits, document_ids, load_tokenizer
+from primus.data.sft import IGNORE_INDEX, Format, SFTDataSpec, build_splits, document_ids, load_tokenizer
 
 
 class SFTExamples:
@@ -40,7 +40,7 @@ class SFTDatasetConfig:
     split: Literal["train", "valid"] = "train"
     valid_path: str | None = None
     valid_fraction: float = 0.05
-    conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
+    conversation_format: Format = "auto"
     seq_length: int = 2048
     seed: int = 1234
     accepts_tokenizer: ClassVar[bool] = True

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
-from primus.data.sft import SFTDataSpec, SFTSequences, build_splits, describe, load_tokenizer
+from primus.data.sft import Format, SFTDataSpec, SFTSequences, build_splits, describe, load_tokenizer
 
 
 class SFTIterable(IterableDataset, Stateful):
@@ -65,7 +65,7 @@ class SFTDataLoader(ParallelAwareDataloader):
         """Validation JSONL; default: ``valid_fraction`` of ``dataset_path`` held out."""
 
         valid_fraction: float = 0.05
-        conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
+        conversation_format: Format = "auto"
         packing: bool = False
         """Several conversations per sequence (needs document-aware attention: flex or varlen)."""
 

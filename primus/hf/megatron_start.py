@@ -12,17 +12,22 @@ them is a Megatron-LM argument, so they are taken out of the module section befo
 * ``stage: sft`` + ``sft_dataset_name``: instruction JSONL (``primus.data.sft``), loss on
   response tokens only, padded or packed, with a validation split evaluated every
   ``eval_interval``.
+
+Any of the three (model, data, tokenizer) may be a Hugging Face Hub id, as AMD's examples write
+them (``hf_path: NousResearch/Meta-Llama-3-8B``, ``sft_dataset_name: tatsu-lab/alpaca``): validate,
+plan and dry-run check them no further; when the run starts local rank 0 of each node fetches
+them once into the HF cache and the run reads the local copies (``primus.compat.runtime``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from primus.config.errors import ConfigError
-from primus.data.sft import SFTDataSpec
+from primus.data.sft import Format, SFTDataSpec
 
 # The Megatron-LM shape arguments; any of them (or a `model:` block) means the user described the network.
 _SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
@@ -31,11 +36,12 @@ _SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_s
 class MegatronPostTrainingKeys(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    hf_path: str | None = Field(None, description="Hugging Face model folder to start from")
-    sft_dataset_name: str | None = Field(None, description="instruction JSONL file or folder (stage sft)")
+    hf_path: str | None = Field(None, description="Hugging Face model folder (or Hub id) to start from")
+    sft_dataset_name: str | None = Field(None, description="instruction JSONL file or folder, or a Hub dataset id "
+                                                           "(stage sft)")
     sft_valid_dataset_name: str | None = None
     sft_valid_fraction: float = Field(0.05, ge=0, lt=1)
-    sft_conversation_format: Literal["auto", "chat_template", "alpaca", "chatml", "plain"] = "auto"
+    sft_conversation_format: Format = "auto"
     enable_packed_sequences: bool = False
 
 
@@ -49,7 +55,7 @@ def is_post_training(params: dict[str, Any]) -> bool:
 
 @dataclass
 class MegatronPostTraining:
-    hf_path: Path | None
+    hf_path: Path | str | None  # a str: a Hub id (validate / plan / dry-run; a run reads the local copy)
     sft: SFTDataSpec | None
     tokenizer_dir: str | None
 
@@ -149,7 +155,16 @@ def post_training(params: dict[str, Any], stage: str, *, prefix: str = "modules.
     tokenizer = params.get("tokenizer_model") or keys.hf_path
     if sft is not None and not tokenizer:
         raise ConfigError(f"{prefix}.tokenizer_model: stage sft needs a Hugging Face tokenizer (or hf_path)")
-    return MegatronPostTraining(Path(keys.hf_path).expanduser().absolute() if keys.hf_path else None, sft, tokenizer)
+    return MegatronPostTraining(_model_reference(keys.hf_path), sft, tokenizer)
+
+
+def _model_reference(hf_path: str | None) -> Path | str | None:
+    """A local folder as an absolute path; a Hub id kept as written (fetched when the run starts)."""
+    from primus.compat.hub import is_hub_id
+
+    if not hf_path:
+        return None
+    return hf_path if is_hub_id(hf_path) else Path(hf_path).expanduser().absolute()
 
 
 def hf_checkpoint_spec(params: dict[str, Any], save: Path):
@@ -169,18 +184,20 @@ def check_post_training_inputs(plan, *, provenance=None) -> None:
     post = post_training(module.params, module.stage, prefix=prefix, provenance=provenance)
     if post is None:
         return
+    from primus.compat.hub import is_hub_id
+
     if post.sft is not None:
         from primus.data.sft import jsonl_files
 
         for key, path in (("sft_dataset_name", post.sft.path), ("sft_valid_dataset_name", post.sft.valid_path)):
-            if path is None:
+            if path is None or is_hub_id(path):  # a Hub dataset: fetched when the run starts
                 continue
             try:
                 jsonl_files(path)
             except ConfigError:
                 where = f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
                 raise ConfigError(f"{where}{prefix}.{key}: {path} does not exist (a .jsonl file or a folder of them)") from None
-    if post.hf_path is None:
+    if post.hf_path is None or isinstance(post.hf_path, str):  # a Hub id: checked once fetched, before training
         return
     from primus.hf.checkpoint import HFCheckpoint, check_against_spec
 

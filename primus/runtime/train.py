@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from primus.compat.runtime import announce, localize_hub_tokenizer, translations_of
+from primus.compat.runtime import announce, localize_hub_references, translations_of
 from primus.config.errors import ConfigError
 from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import engine_output_to_log, engine_warning_summary, setup_logging
@@ -75,10 +75,10 @@ def train_worker(payload: dict[str, Any]) -> int:
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                      logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install(),
                      save_last_checkpoint=primus_opts.get("save_last_checkpoint", True))
-    # AMD Primus names (primus/compat): say what each became; fetch a Hub tokenizer once
+    # AMD Primus names (primus/compat): say what each became; fetch Hub tokenizers, models, data once
     announce(translations_of(section), logger.info, ctx.log_derived)
     try:
-        params = localize_hub_tokenizer(section["framework"], params, local_rank=local_rank,
+        params = localize_hub_references(section["framework"], params, local_rank=local_rank,
                                         log_derived=ctx.log_derived)
     except ConfigError as exc:
         logger.error("rank %d: %s", rank, exc)

@@ -2,7 +2,7 @@
 
 Only what ``huggingface_hub.snapshot_download`` asks for: the revision and its file list
 (``/api/models/{repo}/revision/{rev}``, ``/api/models/{repo}/tree/{rev}``) and each file (``/{repo}/resolve/{rev}/{file}``, HEAD and
-GET). Requests without ``Authorization: Bearer <token>`` get 401, as a gated repo does.
+GET); a dataset repo (``repo_type="dataset"``) under ``/api/datasets/…`` and ``/datasets/{repo}/resolve/…``. Requests without ``Authorization: Bearer <token>`` get 401, as a gated repo does.
 """
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class HubServer:
-    def __init__(self, repo_id: str, files: dict[str, bytes], token: str):
+    def __init__(self, repo_id: str, files: dict[str, bytes], token: str, repo_type: str = "model",
+                 more: dict[tuple[str, str], dict[str, bytes]] | None = None):
+        """``repo_id``'s ``files``, and ``more`` repos keyed by (repo_type, repo_id)."""
         self.repo_id, self.files, self.token = repo_id, files, token
+        repos = {(repo_type, repo_id): files, **(more or {})}
         self.requests: list[str] = []
         server = self
 
@@ -35,23 +38,25 @@ class HubServer:
                 if self.headers.get("authorization") != f"Bearer {server.token}":
                     return self._reply(401, b'{"error": "gated repo: log in"}', {"X-Error-Code": "GatedRepo"}, body)
                 path = self.path.split("?")[0]
-                api = f"/api/models/{server.repo_id}/revision/"
-                tree = f"/api/models/{server.repo_id}/tree/"
-                resolve = f"/{server.repo_id}/resolve/"
-                if path.startswith(tree):
-                    entries = [{"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
-                               for name, data in server.files.items()]
-                    return self._reply(200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, body)
-                if path.startswith(api):
-                    info = {"id": server.repo_id, "sha": COMMIT,
-                            "siblings": [{"rfilename": name} for name in server.files]}
-                    return self._reply(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
-                if path.startswith(resolve):
-                    name = path[len(resolve):].split("/", 1)[1]
-                    if name in server.files:
-                        data = server.files[name]
-                        etag = hashlib.sha1(data).hexdigest()
-                        return self._reply(200, data, {"X-Repo-Commit": COMMIT, "ETag": f'"{etag}"'}, body)
+                for (kind, repo), files in repos.items():
+                    api_root, file_root = ("/api/models", "") if kind == "model" else ("/api/datasets", "/datasets")
+                    api = f"{api_root}/{repo}/revision/"
+                    tree = f"{api_root}/{repo}/tree/"
+                    resolve = f"{file_root}/{repo}/resolve/"
+                    if path.startswith(tree):
+                        entries = [{"type": "file", "path": name, "size": len(data),
+                                    "oid": hashlib.sha1(data).hexdigest()} for name, data in files.items()]
+                        return self._reply(200, json.dumps(entries).encode(), {"Content-Type": "application/json"},
+                                           body)
+                    if path.startswith(api):
+                        info = {"id": repo, "sha": COMMIT, "siblings": [{"rfilename": name} for name in files]}
+                        return self._reply(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+                    if path.startswith(resolve):
+                        name = path[len(resolve):].split("/", 1)[1]
+                        if name in files:
+                            data = files[name]
+                            etag = hashlib.sha1(data).hexdigest()
+                            return self._reply(200, data, {"X-Repo-Commit": COMMIT, "ETag": f'"{etag}"'}, body)
                 return self._reply(404, b'{"error": "not found"}', {"X-Error-Code": "EntryNotFound"}, body)
 
             def _reply(self, status: int, data: bytes, headers: dict[str, str], body: bool):

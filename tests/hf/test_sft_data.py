@@ -122,3 +122,41 @@ def test_bad_records_are_one_line_with_file_and_line(tmp_path, tokenizer):
         tokenize({"question": "x"}, tokenizer, where="f.jsonl:1")
     with pytest.raises(ConfigError, match="no assistant message"):
         tokenize({"messages": [{"role": "user", "content": "x"}]}, tokenizer)
+
+
+def test_squad_records_render_as_amd_primus_does_and_learn_the_answer_only(tokenizer):
+    """AMD's squad format (Megatron-Bridge's text): "Context: … Question: … Answer: <answer>"."""
+    from primus.data.sft import tokenize
+
+    record = {"context": "Paris is in France.", "question": "Where is Paris?",
+              "answers": {"text": ["France", "in France"], "answer_start": [12, 9]}}
+    example = tokenize(record, tokenizer, "squad")
+    assert tokenizer.decode(example.tokens) == (
+        "<|begin_of_text|>Context: Paris is in France. Question: Where is Paris? Answer: France<|end_of_text|>")
+    assert _supervised_text(tokenizer, example).strip() == "France<|end_of_text|>"
+    # the same record without a named format: SQuAD's fields read as prompt and response
+    assert _supervised_text(tokenizer, tokenize(record, tokenizer, "plain")) == "France<|end_of_text|>"
+    with pytest.raises(ConfigError, match="conversation_format squad needs `context`"):
+        tokenize({"prompt": "x", "response": "y"}, tokenizer, "squad", where="f.jsonl:3")
+
+
+def test_a_hub_dataset_folder_is_read_by_split_from_parquet(tmp_path, tokenizer):
+    """A Hub dataset repo as snapshot_download leaves it: Parquet per split under data/; the
+    dataset's own validation split is the held-out set, and README/JSON metadata is not read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from primus.data.sft import SFTDataSpec, build_splits, read_records
+
+    (tmp_path / "data").mkdir()
+    rows = [{"instruction": f"Say {i}.", "input": "", "output": f"{i}."} for i in range(30)]
+    pq.write_table(pa.Table.from_pylist(rows[:24]), tmp_path / "data" / "train-00000-of-00001.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[24:]), tmp_path / "data" / "validation-00000-of-00001.parquet")
+    (tmp_path / "dataset_infos.json").write_text('{"default": {}}')
+    train = read_records(tmp_path)
+    assert len(train) == 24 and train[0][0].endswith("train-00000-of-00001.parquet:1")
+    assert [r["output"] for _, r in read_records(tmp_path, "valid")] == [f"{i}." for i in range(24, 30)]
+    train_seq, valid_seq = build_splits(SFTDataSpec(path=str(tmp_path), conversation_format="alpaca"), tokenizer, 256)
+    assert (train_seq.conversations, valid_seq.conversations) == (24, 6)
+    with pytest.raises(ConfigError, match="no such instruction file"):
+        read_records(tmp_path / "absent")
