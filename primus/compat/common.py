@@ -42,8 +42,17 @@ def _checked_level(ctx, key: str, value: Any) -> str:
         raise ctx.fail(key, str(exc)) from None
 
 
+MLPERF = ("AMD Primus's MLPerf trainer comes from the optional package primus_mllog (MLPerf compliance "
+          "logging, a stop at the target evaluation loss), outside AMD Primus too; stage: pretrain runs the same "
+          "training without them")
+
+
 def _stage(value: Any, ctx, key: str) -> None:
     """A module preset may name its stage (AMD's ``sft_trainer.yaml`` says ``stage: sft``)."""
+    if value == "mlperf_pretrain":  # validate / plan / dry-run the pretraining it is; a run is refused
+        ctx.set_stage(key, value, "pretrain", "AMD Primus's MLPerf pretraining is a pretraining run")
+        ctx.note(key, value, MLPERF, kind="refuse_at_run")
+        return
     if ctx.stage_explicit and value != ctx.stage:
         raise ctx.fail(key, f"stage '{value}' contradicts the module's stage '{ctx.stage}' set in the "
                             f"experiment: keep one")

@@ -215,3 +215,17 @@ def test_inert_keys_have_no_effect_and_say_why(framework, key):
 def test_model_family_keys_are_refused_by_name(key):
     with pytest.raises(ConfigError, match=rf"modules.pre_trainer.{key}: AMD Primus option not supported here: "):
         translate("megatron", key, 1)
+
+
+def test_stage_mlperf_pretrain_plans_as_pretraining_and_a_run_is_refused():
+    """AMD's MLPerf examples name a trainer from an optional package (primus_mllog): validate, plan and
+    dry-run see the pretraining it is; the run stops in one line before any rank starts."""
+    from primus.compat.runtime import check_runnable
+
+    ctx = translate("megatron", "stage", "mlperf_pretrain")
+    assert ctx.stage == "pretrain"
+    assert [t.kind for t in ctx.translations] == ["stage", "refuse_at_run"]
+    module = type("Module", (), {"name": "pre_trainer", "translations": ctx.translations})()
+    with pytest.raises(ConfigError, match=r"modules.pre_trainer.stage='mlperf_pretrain': .*primus_mllog.*"
+                                          r"stage: pretrain runs the same training"):
+        check_runnable(module)

@@ -150,7 +150,11 @@ def _number_as_text(value):
 
 
 def _as_list(value):
-    """``nargs`` arguments take a scalar too (Megatron-LM's own defaults are often scalars)."""
+    """``nargs`` arguments take a scalar too (Megatron-LM's own defaults are often scalars). Text is
+    split on whitespace as Megatron-LM's command line splits it: AMD's ``train_data_path: "10
+    /data/c4-train…"`` is a weight and a prefix."""
+    if isinstance(value, str):
+        return value.split() or [value]
     return [value] if value is not None and not isinstance(value, (list, tuple)) else value
 
 

@@ -42,6 +42,8 @@ def apply_megatron_lm_rules(args, *, module: str = "pre_trainer") -> None:
     _precision_rules(args, m)
     _moe_rules(args, m)
 
+    _pipeline_split_rules(args)
+
     if args.tensor_model_parallel_size == 1 and args.sequence_parallel:
         args.sequence_parallel = False
         args.note("sequence_parallel", False, "tensor_model_parallel_size is 1: Megatron-LM disables sequence "
@@ -255,6 +257,50 @@ def _moe_rules(args, m: str) -> None:
     if args.num_experts is not None and isinstance(args.moe_layer_freq, list) \
             and len(args.moe_layer_freq) != args.num_layers:
         raise _fail(m, f"has {len(args.moe_layer_freq)} entries for {args.num_layers} layers", "moe_layer_freq")
+
+
+def balanced_pipeline_layout(num_layers: int, pp: int, mtp_layers: int = 0) -> str:
+    """A ``pipeline_model_parallel_layout`` for ``num_layers`` over ``pp`` stages when they do not divide:
+    the embedding and the loss count as one layer each (Megatron-LM's account_for_*_in_pipeline_split),
+    stages differ by at most one layer, the middle stages take the extra ones, MTP goes last."""
+    units = num_layers + 2
+    sizes = [units // pp] * pp
+    for i in [*range(1, pp - 1), pp - 1, 0][: units % pp]:
+        sizes[i] += 1
+    stages = [f"t*{n}" for n in sizes]
+    stages[0] = f"Et*{sizes[0] - 1}"
+    stages[-1] = f"t*{sizes[-1] - 1}" + ",m" * mtp_layers + ",L"
+    return "|".join(stages)
+
+
+def _pipeline_split_rules(args) -> None:
+    """Files Megatron-LM refuses only for how the layers split over pipeline stages, AMD's own among
+    them (Llama 3.1 405B: 126 layers on PP 8; DeepSeek-V3 layouts that leave out its MTP layer), get the
+    split Megatron-LM's own options would give, said in a warning naming what was derived."""
+    pp, layout = args.pipeline_model_parallel_size, args.pipeline_model_parallel_layout
+    mtp = args.mtp_num_layers or 0
+    if layout is not None:
+        try:
+            stages = parse_pipeline_layout(layout)
+        except ConfigError:
+            return  # check_parallel_layout names the mistake
+        if mtp and "m" not in "".join(stages) and stages and stages[-1].endswith("L"):
+            args.pipeline_model_parallel_layout = layout.rstrip().removesuffix("L").rstrip(",") + ",m" * mtp + ",L"
+            args.note("pipeline_model_parallel_layout", args.pipeline_model_parallel_layout,
+                      f"the layout places no MTP layer and mtp_num_layers is {mtp}: the MTP layer goes on the last "
+                      "stage, where Megatron-LM puts it without a layout", level="warning")
+        return
+    split_given = any(getattr(args, k) is not None for k in (
+        "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+        "num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank")) or \
+        args.account_for_embedding_in_pipeline_split or args.account_for_loss_in_pipeline_split
+    if pp < 2 or split_given or not args.num_layers or args.num_layers % pp == 0 or args.num_layers + 2 < 2 * pp:
+        return
+    args.pipeline_model_parallel_layout = balanced_pipeline_layout(args.num_layers, pp, mtp)
+    args.note("pipeline_model_parallel_layout", args.pipeline_model_parallel_layout,
+              f"num_layers ({args.num_layers}) is not divisible by pipeline_model_parallel_size ({pp}), which "
+              "Megatron-LM refuses; this split counts the embedding and the loss as a layer each (its "
+              "account_for_*_in_pipeline_split) and evens out the rest", level="warning")
 
 
 def virtual_pipeline_size(args) -> int | None:

@@ -62,7 +62,8 @@ def test_bad_value_type_names_key_and_value():
      "num_attention_heads (4) is not divisible by tensor_model_parallel_size (3)"),
     ({"group_query_attention": True, "num_query_groups": 2, "tensor_model_parallel_size": 4}, None,
      "num_query_groups (2) is not divisible by tensor_model_parallel_size (4)"),
-    ({"pipeline_model_parallel_size": 3}, None, "num_layers (4) is not divisible by pipeline_model_parallel_size (3)"),
+    ({"pipeline_model_parallel_size": 4, "account_for_loss_in_pipeline_split": True}, None,
+     "num_layers (4) is not divisible by pipeline_model_parallel_size (4)"),
     ({"pipeline_model_parallel_size": 2, "num_layers_per_virtual_pipeline_stage": 3}, None,
      "layers per pipeline stage (4 / 2 = 2) is not divisible by num_layers_per_virtual_pipeline_stage (3)"),
     ({"tensor_model_parallel_size": 2}, 3,
@@ -181,8 +182,38 @@ def test_a_pipeline_layout_replaces_the_even_split_rule():
     args = parse_args(params(num_layers=5, pipeline_model_parallel_size=2,
                              pipeline_model_parallel_layout="Et*2|t*3,L"))
     assert check_parallel_layout(args, 2) == 1
-    with pytest.raises(ConfigError):  # the same 5 layers without a layout: the even split
-        check_parallel_layout(parse_args(params(num_layers=5, pipeline_model_parallel_size=2)), 2)
+    with pytest.raises(ConfigError):  # 5 layers where the user chose the split: Megatron-LM's even-split rule
+        check_parallel_layout(parse_args(params(num_layers=5, pipeline_model_parallel_size=2,
+                                                account_for_embedding_in_pipeline_split=True,
+                                                account_for_loss_in_pipeline_split=True)), 2)
+
+
+@pytest.mark.parametrize("num_layers, pp, mtp, layout", [
+    (126, 8, 0, "Et*15|t*16|t*16|t*16|t*16|t*16|t*16|t*15,L"),  # AMD's Llama 3.1 405B on PP 8
+    (61, 8, 0, "Et*6|t*8|t*8|t*8|t*8|t*8|t*8|t*7,L"),  # AMD's Kimi-K2 on PP 8
+    (5, 2, 1, "Et*2|t*3,m,L"),
+])
+def test_layers_that_do_not_divide_over_the_stages_get_a_balanced_layout(num_layers, pp, mtp, layout):
+    """Megatron-LM refuses num_layers % pp != 0 without a split: the derived layout counts the embedding
+    and the loss as a layer each, stages differ by at most one layer, and a warning says so."""
+    from primus.plan.layout import parse_pipeline_layout
+
+    args = parse_args(params(num_layers=num_layers, pipeline_model_parallel_size=pp, mtp_num_layers=mtp or None,
+                             num_attention_heads=4, hidden_size=64))
+    assert args.pipeline_model_parallel_layout == layout
+    assert check_parallel_layout(args, pp) == 1
+    sizes = [len(stage) for stage in parse_pipeline_layout(layout)]
+    assert max(sizes) - min(sizes) <= 1 + mtp
+    assert any(key == "pipeline_model_parallel_layout" and level == "warning" and "Megatron-LM refuses" in why
+               for key, _, why, level in args.notes)
+
+
+def test_a_layout_without_the_models_mtp_layer_gets_it_on_the_last_stage():
+    """AMD's DeepSeek-V3 file: a 61-layer layout, no 'm', a preset with mtp_num_layers 1."""
+    args = parse_args(params(num_layers=4, pipeline_model_parallel_size=2, mtp_num_layers=1,
+                             pipeline_model_parallel_layout="Et*2|t*2,L"))
+    assert args.pipeline_model_parallel_layout == "Et*2|t*2,m,L"
+    assert check_parallel_layout(args, 2) == 1
 
 
 def test_a_pipeline_layout_gives_the_virtual_stages():
@@ -198,7 +229,7 @@ def test_a_pipeline_layout_gives_the_virtual_stages():
     ({"pipeline_model_parallel_layout": "Et*2|t|t,L"}, "3 stages are not divisible by pipeline_model_parallel_size (2)"),
     ({"pipeline_model_parallel_layout": "t*2|t*2,L"}, "must start with the embedding (E)"),
     ({"pipeline_model_parallel_layout": "Et*2|t*2x,L"}, "unknown layer character(s) 'x'"),
-    ({"pipeline_model_parallel_layout": "Et*2|t*2,L", "mtp_num_layers": 1}, "places 0 MTP layers (m); mtp_num_layers is 1"),
+    ({"pipeline_model_parallel_layout": "Et*2|t*2,m,m,L", "mtp_num_layers": 1}, "places 2 MTP layers (m); mtp_num_layers is 1"),
     ({"pipeline_model_parallel_layout": "Et*2|mt*2,L", "mtp_num_layers": 1}, "decoder layers (t) must come before"),
     ({"pipeline_model_parallel_layout": "Et*2|t*2,L", "num_virtual_stages_per_pipeline_rank": 2},
      "excludes num_virtual_stages_per_pipeline_rank"),
@@ -210,3 +241,14 @@ def test_bad_pipeline_layouts_are_one_line_naming_the_key(overrides, expected):
         check_parallel_layout(parse_args(params(pipeline_model_parallel_size=2, **overrides)), 2)
     assert one_line(exc).startswith("modules.pre_trainer.pipeline_model_parallel_layout: ")
     assert expected in str(exc.value)
+
+
+def test_a_blend_written_as_one_string_is_split_as_megatron_lms_command_line_splits_it():
+    """AMD's MLPerf files: train_data_path: "10 /data/c4-train…" is a weight and a prefix."""
+    from primus.backends.megatron.data import blend
+
+    args = parse_args(params(train_data_path="10 /data/c4-train", valid_data_path="/data/c4-valid",
+                             test_data_path=None, data_path=None, split=None, mock_data=False,
+                             tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/tok"))
+    assert args.train_data_path == ["10", "/data/c4-train"] and args.valid_data_path == ["/data/c4-valid"]
+    assert blend(args.train_data_path) == (["/data/c4-train"], [10.0])

@@ -146,3 +146,14 @@ def test_pipeline_layout_places_uneven_stages(runs):
     records = runs("pp2_layout", 2, num_layers=3, pipeline_model_parallel_size=2,
                    pipeline_model_parallel_layout="Et|tt,L")
     assert_learns(records)
+
+
+def test_layers_that_do_not_divide_over_the_stages_train_on_the_derived_layout(runs):
+    """3 layers on PP 2 without a layout (Megatron-LM refuses; AMD's 405B file is 126 on PP 8): the
+    derived layout is "Et*1|t*2,L", so the run is the explicit layout's run, step for step."""
+    derived = runs("pp2_derived", 2, num_layers=3, pipeline_model_parallel_size=2)
+    explicit = runs("pp2_layout", 2, num_layers=3, pipeline_model_parallel_size=2,
+                    pipeline_model_parallel_layout="Et|tt,L")
+    assert losses(derived) == pytest.approx(losses(explicit), abs=1e-6)
+    log = (runs.root / "pp2_derived" / "output.log").read_text()
+    assert "pipeline_model_parallel_layout=Et*1|t*2,L" in log
