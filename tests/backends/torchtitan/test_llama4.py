@@ -1,0 +1,104 @@
+"""Llama 4 on TorchTitan's transformers backend: the same network as transformers' Llama4ForCausalLM."""
+import pytest
+import torch
+
+pytest.importorskip("torchtitan")
+pytest.importorskip("transformers")
+
+from primus.backends.torchtitan import llama4  # noqa: E402
+
+SEQ = 32
+
+
+def _tiny_config(tmp_path, **overrides):
+    from transformers import Llama4TextConfig
+
+    kwargs = dict(vocab_size=256, hidden_size=64, intermediate_size=64, intermediate_size_mlp=128,
+                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, use_qk_norm=True,
+                  attention_chunk_size=16, max_position_embeddings=16384, floor_scale=8, attn_scale=0.1,
+                  rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+                                   "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                                   "original_max_position_embeddings": 8192})
+    kwargs.update(overrides)
+    config = Llama4TextConfig(**kwargs)
+    config.architectures = ["Llama4ForCausalLM"]
+    llama4.write_hf_config(tmp_path / "hf", llama4.config_json(config))
+    return config
+
+
+def _backend_model(tmp_path, config):
+    """The model exactly as TorchTitan's trainer makes it: the spec Primus builds, update_from_config from
+    hf_model, built on meta, materialised, ``init_states``."""
+    from primus.backends.torchtitan.patches import apply_hf_backend_patches
+
+    apply_hf_backend_patches()  # before any torchtitan import (CPU device, triton stub)
+    from primus.backends.torchtitan.hooks import PrimusHFTrainer
+
+    spec = llama4.titan_spec("debugmodel", config)
+    trainer_config = PrimusHFTrainer.Config(model_spec=spec, hf_model=str(tmp_path / "hf"))
+    trainer_config.training.seq_len = SEQ
+    spec.model.update_from_config(config=trainer_config)
+    with torch.device("meta"):
+        model = spec.model.build()
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.init_states()
+    return model
+
+
+@pytest.mark.parametrize("interleave,qk_norm", [(2, True), (1, False)])
+def test_logits_match_transformers_llama4(tmp_path, interleave, qk_norm):
+    """MoE (sigmoid top-1 score on the expert input, shared expert), dense/MoE interleave, NoPE layer 3 with
+    temperature tuning (floor_scale 8 < SEQ, so it acts), chunked attention (chunk 16 < SEQ), qk-norm."""
+    from transformers import Llama4ForCausalLM
+    from transformers.models.llama4.modeling_llama4 import Llama4TextRotaryEmbedding
+
+    config = _tiny_config(tmp_path, interleave_moe_layer_step=interleave, use_qk_norm=qk_norm)
+    model = _backend_model(tmp_path, config).eval()
+    config._attn_implementation = "eager"
+    with torch.device("meta"):  # no init at all (the backend patches PreTrainedModel's init process-wide)
+        reference = Llama4ForCausalLM(config)
+    weights = {key: value.clone() for key, value in model.model.state_dict().items()}
+    reference.load_state_dict(weights, strict=True, assign=True)
+    reference.model.rotary_emb = Llama4TextRotaryEmbedding(config)  # its buffers, as transformers computes them
+    reference.eval()
+    assert [type(layer.feed_forward).__name__ for layer in model.layers.values()] == \
+        [type(layer.feed_forward).__name__ for layer in reference.model.layers]  # HF's own MoE blocks kept
+    tokens = torch.randint(0, 256, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(SEQ).expand(2, SEQ)  # what TorchTitan's dataloader passes
+    with torch.no_grad():
+        ours = model(tokens, positions=positions)
+        theirs = reference(tokens).logits
+    diff = (ours - theirs).abs().max().item()
+    print(f"max |logit diff| = {diff:.3e} (max |logit| {theirs.abs().max().item():.3f})")
+    assert diff < 1e-4
+
+
+def test_init_draws_router_experts_and_rope(tmp_path):
+    """hf_backend_feed_forward_init / hf_backend_rope_buffers: no N(0, 1) experts, no empty router, RoPE on."""
+    model = _backend_model(tmp_path, _tiny_config(tmp_path))
+    moe = model.layers["1"].feed_forward
+    assert 0.005 < moe.router.weight.std().item() < 0.03
+    assert moe.experts.gate_up_proj.std().item() < 0.03 and moe.experts.down_proj.std().item() < 0.03
+    rotary = model.model.model.rotary_emb
+    assert rotary.inv_freq.abs().min().item() > 0
+
+
+def test_chunked_layers_get_their_own_mask(tmp_path):
+    model = _backend_model(tmp_path, _tiny_config(tmp_path))
+    masks = model.get_attention_masks(torch.arange(SEQ).expand(1, SEQ))
+    assert set(masks) == {"full_attention", "chunked_attention"}
+    from torch.nn.attention.flex_attention import create_mask
+
+    chunked = create_mask(masks["chunked_attention"].mask_mod, 1, None, SEQ, SEQ, device="cpu")[0, 0]
+    assert chunked[20, 15].item() is False and chunked[20, 16].item() is True and chunked[15, 0].item() is True
+
+
+@pytest.mark.parametrize("flavor,total,active", [("17bx16e", 109e9, 17e9), ("17bx128e", 400e9, 17e9)])
+def test_flavors_match_the_published_sizes(flavor, total, active):
+    """Scout 109B total / 17B active, Maverick 400B / 17B (Meta's model cards), within 2%."""
+    counts = llama4.neutral_spec(llama4.text_config(flavor), flavor).param_counts()
+    assert abs(counts.total / total - 1) < 0.02, counts
+    assert abs(counts.active / active - 1) < 0.02, counts
