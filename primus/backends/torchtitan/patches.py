@@ -470,7 +470,47 @@ def hf_backend_sdpa_on_cpu() -> None:
     AttentionInterface._global_mapping[backend._ATTN_IMPLEMENTATION] = sdpa_with_flex_masks
 
 
+def hf_backend_feed_forward_sharding() -> None:
+    """The backend's sharding pass (``hf_sharding._set_layer_sharding_configs``) reads each dense layer's
+    ``layer.mlp``; Llama 4's decoder layer has ``feed_forward`` (a ``Llama4TextMLP`` or, in MoE layers,
+    transformers' ``Llama4TextMoe``, which the backend does not swap), so ``parallelize`` fails with
+    "'Llama4TextDecoderLayer' object has no attribute 'mlp'". A dense ``feed_forward`` gets the MLP's
+    configs (it has gate/up/down_proj); an MoE one is replicated (no TP: Primus refuses TP/EP for these
+    models), which FSDP then shards like any other layer state."""
+    import torchtitan.experiments.transformers_modeling_backend.hf_sharding as sharding
+
+    original = sharding._set_layer_sharding_configs
+    if getattr(original, "_primus_patched", False):
+        return
+
+    def set_layer_sharding_configs(layer, *, enable_sp: bool) -> None:
+        block = getattr(layer, "feed_forward", None)
+        if block is None or hasattr(layer, "mlp"):
+            return original(layer, enable_sp=enable_sp)
+        if hasattr(block, "gate_proj"):  # dense: the MLP rules, read through a plain attribute
+            object.__setattr__(layer, "mlp", block)
+            try:
+                return original(layer, enable_sp=enable_sp)
+            finally:
+                del layer.__dict__["mlp"]
+        flag = getattr(layer, "moe_enabled", None)
+        layer.moe_enabled = True  # skips the dense-MLP rules
+        try:
+            original(layer, enable_sp=enable_sp)
+        finally:
+            layer.moe_enabled = flag
+        for module in block.modules():
+            if next(module.parameters(recurse=False), None) is not None or \
+                    next(module.buffers(recurse=False), None) is not None:
+                module._sharding_config = sharding._replicate_config(module)
+
+    set_layer_sharding_configs._primus_patched = True
+    sharding._set_layer_sharding_configs = set_layer_sharding_configs
+
+
 HF_BACKEND_PATCHES = [
+    Patch("hf_backend_feed_forward_sharding", hf_backend_feed_forward_sharding.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), lambda: True, hf_backend_feed_forward_sharding),
     Patch("hf_backend_feed_forward_init", hf_backend_feed_forward_init.__doc__, "torchtitan",
           SpecifierSet(">=0.3,<0.4"), lambda: True, hf_backend_feed_forward_init),
     Patch("hf_backend_rope_buffers", hf_backend_rope_buffers.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),

@@ -1,4 +1,6 @@
 """Llama 4 on TorchTitan's transformers backend: the same network as transformers' Llama4ForCausalLM."""
+import math
+
 import pytest
 import torch
 
@@ -102,3 +104,27 @@ def test_flavors_match_the_published_sizes(flavor, total, active):
     counts = llama4.neutral_spec(llama4.text_config(flavor), flavor).param_counts()
     assert abs(counts.total / total - 1) < 0.02, counts
     assert abs(counts.active / active - 1) < 0.02, counts
+
+
+@pytest.mark.e2e
+def test_tiny_llama4_trains_on_cpu(tmp_path, tiny_cache):
+    """The real TorchTitan trainer on the transformers backend, one rank (gloo), the learnable tiny corpus:
+    TorchTitan's llama4 debugmodel cut to 4 layers (dense/MoE interleaved, layer 3 NoPE), chunk 32 < seq 64."""
+    from primus.data.tiny_assets import ensure_tiny_assets
+    from tests.helpers import read_metrics, train_with_torchrun
+
+    ensure_tiny_assets(tiny_cache / "tiny_llm")
+
+    params = {"model": {"name": "llama4", "flavor": "debugmodel", "n_layers": 4, "vocab_size": 512},
+              "primus": {"tiny_assets": str(tiny_cache / "tiny_llm")}, "optimizer": {"lr": 2e-3},
+              "lr_scheduler": {"warmup_steps": 2}, "debug": {"seed": 42},
+              "training": {"steps": 12, "local_batch_size": 4, "seq_len": 64}}
+    result = train_with_torchrun(tmp_path / "llama4", "torchtitan", params, nproc=1)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    metrics = read_metrics(tmp_path / "llama4")
+    losses = [row["loss"] for row in metrics]
+    print("losses", [round(loss, 3) for loss in losses])
+    assert len(losses) == 12 and all(map(math.isfinite, losses))
+    assert losses[-1] < 0.6 * losses[0], losses
+    written = llama4.read_config(tmp_path / "llama4" / llama4.CONFIG_DIR / "config.json")
+    assert written["model_type"] == "llama4_text" and written["num_hidden_layers"] == 4
