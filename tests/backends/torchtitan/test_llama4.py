@@ -128,3 +128,27 @@ def test_tiny_llama4_trains_on_cpu(tmp_path, tiny_cache):
     assert losses[-1] < 0.6 * losses[0], losses
     written = llama4.read_config(tmp_path / "llama4" / llama4.CONFIG_DIR / "config.json")
     assert written["model_type"] == "llama4_text" and written["num_hidden_layers"] == 4
+
+
+def test_hf_backend_patches_are_named_and_gated():
+    from primus.backends.torchtitan.patches import HF_BACKEND_PATCHES, apply_hf_backend_patches
+
+    names = {"hf_backend_feed_forward_sharding", "hf_backend_feed_forward_init", "hf_backend_rope_buffers",
+             "hf_backend_chunked_attention_masks", "hf_backend_sdpa_on_cpu"}
+    assert {patch.name for patch in HF_BACKEND_PATCHES} == names
+    assert all(patch.why and str(patch.versions) for patch in HF_BACKEND_PATCHES)
+    applied = set(apply_hf_backend_patches())
+    assert applied == names if not torch.cuda.is_available() else applied == names - {"hf_backend_sdpa_on_cpu"}
+
+
+def test_llama4_refuses_what_the_backend_does_not_shard(tmp_path):
+    from primus.backends.torchtitan.config import build_trainer_config
+    from primus.backends.torchtitan.patches import apply_patches
+    from primus.config.errors import ConfigError
+
+    apply_patches()
+    params = {"model": {"name": "llama4", "flavor": "17bx16e"}, "parallelism": {"expert_parallel_degree": 2}}
+    with pytest.raises(ConfigError, match="expert_parallel_degree: 2: TorchTitan's expert parallelism"):
+        build_trainer_config(params, run_dir=tmp_path, device="cpu")
+    with pytest.raises(ConfigError, match="'17bx16' is not a Llama 4 flavor .*did you mean '17bx16e'"):
+        build_trainer_config({"model": {"name": "llama4", "flavor": "17bx16"}}, run_dir=tmp_path, device="cpu")
