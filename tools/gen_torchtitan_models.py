@@ -15,8 +15,9 @@ TorchTitan's registry has that flavor. Carried over and dropped, and said in eac
   ``model.converters``: ``config validate``, ``plan`` and ``train --dry-run`` accept them and a run
   refuses them in one line (the TorchTitan compat rule for ``model.converters``: float8 training is
   not wired to TorchTitan 0.3.0 here; running them in bf16 would silently change the precision);
-- not generated: presets whose model TorchTitan does not ship (llama4 in 0.3.0), and presets with a
-  converter TorchTitan does not have.
+- llama4 (no longer in TorchTitan's registry): transformers' Llama4ForCausalLM on TorchTitan's
+  transformers modeling backend, flavors in ``primus/backends/torchtitan/llama4.py``;
+- not generated: presets whose model neither has, and presets with a converter TorchTitan does not have.
 
 Usage:
     python tools/gen_torchtitan_models.py [--git-dir AMD_PRIMUS_GIT_DIR] [--commit fd1eeab] [--out DIR] [--check]
@@ -80,6 +81,10 @@ def registry_layers(name: str, flavor: str) -> int | None:
     apply_patches()
     from primus.backends.torchtitan.registry import flavors, known_models
 
+    if name == "llama4":  # transformers' Llama4ForCausalLM on TorchTitan's transformers backend (llama4.py)
+        from primus.backends.torchtitan.llama4 import FLAVORS
+
+        return FLAVORS[flavor]["num_hidden_layers"] if flavor in FLAVORS else None
     if name not in known_models():
         return None
     table = flavors(name)
@@ -122,8 +127,11 @@ def render(preset: Preset, commit: str) -> str:
         f"(model: {preset.file}).",
         GENERATED,
         f"# Source: {SOURCE_REPO} {SOURCE_DIR}/{preset.file} at {commit}",
-        f"# TorchTitan {engine_version()} registry: torchtitan.models.{preset.name}.model_registry('{preset.flavor}'), "
-        f"{layers} layers.",
+        (f"# TorchTitan {engine_version()} transformers modeling backend: transformers' Llama4ForCausalLM, "
+         f"flavor '{preset.flavor}' of primus/backends/torchtitan/llama4.py, {layers} layers."
+         if preset.name == "llama4" else
+         f"# TorchTitan {engine_version()} registry: torchtitan.models.{preset.name}.model_registry('{preset.flavor}'), "
+         f"{layers} layers."),
         "# hf_assets_path: the Hugging Face repository AMD Primus names (download it; a local folder with "
         "tokenizer.json).",
         "# Dropped: job.* (Primus owns the run directory)" + "".join(f"; {d}" for d in dropped) + ".",

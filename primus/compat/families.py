@@ -39,7 +39,6 @@ MODEL_FAMILIES = [
     ("megatron", re.compile(r"minimax"),
      "MiniMax-M2.5 normalises q and k over all heads (qk_norm_type per_layer), which megatron-core 0.16's per-head "
      "qk_layernorm does not build"),
-    ("torchtitan", re.compile(r"llama4"), "Llama 4 is not a TorchTitan 0.3.0 model (torchtitan/models has no llama4)"),
 ]
 
 

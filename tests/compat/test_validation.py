@@ -99,7 +99,6 @@ def test_plan_errors_name_their_line(tmp_path, capsys):
     ("megatron", "qwen3_5_35B_A3B.yaml", "Qwen3.5 (Gated DeltaNet linear attention"),
     ("megatron", "glm5.yaml", "GLM-5 (DeepSeek Sparse Attention"),
     ("megatron", "minimax_m2.5.yaml", "MiniMax-M2.5 normalises q and k over all heads"),
-    ("torchtitan", "llama4_17Bx16E-fp8.yaml", "Llama 4 is not a TorchTitan 0.3.0 model"),
 ])
 def test_amd_model_families_this_primus_cannot_build_are_named(tmp_path, capsys, framework, preset, expected):
     exp = write(tmp_path / "exp.yaml", HEAD + f"    framework: {framework}\n    config: pre_trainer.yaml\n"

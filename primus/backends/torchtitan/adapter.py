@@ -147,6 +147,14 @@ class TorchTitanAdapter(BackendAdapter):
             step = newest_usable(ctx.checkpoint_dir, "torchtitan")
             cfg.checkpoint.load_step = cfg.checkpoint.load_step if step is None else step
         hf_start.log_start(plan.checkpoint, ctx.logger)  # [#15] which HF checkpoint the run starts from
+        hf_config = getattr(cfg.model_spec.model, "_primus_hf_config", None)
+        if hf_config is not None:  # Llama 4: the backend reads the model's shapes from hf_model/config.json
+            from primus.backends.torchtitan.llama4 import write_hf_config
+            from primus.backends.torchtitan.patches import apply_hf_backend_patches
+
+            for name in apply_hf_backend_patches():
+                ctx.logger.info("applied TorchTitan compatibility patch: %s", name)
+            write_hf_config(cfg.hf_model, hf_config)
         trainer = with_primus_components(cfg).build()
         trainer.attach(ctx, plan.flops_per_token)
         hf_start.tap_validation(trainer, ctx)  # [#15] [EVAL] lines

@@ -126,6 +126,8 @@ def _model(params: dict[str, Any], attn: str, ctx: BuildContext):
     if not registry.is_registry_model(block):
         spec = validate_model(ModelSpec, block, ctx.provenance or Provenance(), f"{ctx.prefix}.model")
         return build_model_spec(spec, attn), spec
+    if block.get("name") == "llama4":  # transformers' Llama4ForCausalLM on TorchTitan's transformers backend
+        return _llama4(block, ctx)
     model = registry.parse(block, registry.validator(ctx.provenance, ctx.prefix), ctx.fail)
     titan = registry.build(model, attn, ctx.fail)
     if attn == "sdpa" and registry.has_attention_sinks(titan.model):
@@ -133,6 +135,28 @@ def _model(params: dict[str, Any], attn: str, ctx: BuildContext):
                             "which SDPA does not return; FlexAttention has no CPU backward in torch 2.13, so this "
                             "model trains on GPU only"))
     return titan, model_spec_from_titan(titan.model, f"{model.name} {model.flavor}")
+
+
+def _llama4(block: dict[str, Any], ctx: BuildContext):
+    """``model: {name: llama4, flavor}`` (``llama4.py``): the flavor's Llama4TextConfig, built locally."""
+    from primus.backends.torchtitan import llama4, registry
+
+    model = registry.validator(ctx.provenance, ctx.prefix)(registry.RegistryModel, block)
+    if model.flavor not in llama4.FLAVORS:
+        raise ctx.fail("model.flavor", f"'{model.flavor}' is not a Llama 4 flavor"
+                                       f"{registry._suggest(model.flavor, llama4.FLAVORS)}; known: "
+                                       f"{', '.join(llama4.FLAVORS)}")
+    allowed = ["name", "flavor", *llama4.OVERRIDES]
+    for key in [*(model.model_extra or {}), *(k for k in ("load_balance_coeff",) if getattr(model, k) is not None)]:
+        if key != "converters":
+            raise ctx.fail(f"model.{key}", f"unknown key for Llama 4{did_you_mean(key, allowed)}; known: "
+                                           f"{', '.join(allowed)}")
+    overrides = {key: getattr(model, key) for key in llama4.OVERRIDES}
+    config = llama4.text_config(model.flavor, overrides)
+    if config.num_experts_per_tok > config.num_local_experts:
+        raise ctx.fail("model.top_k", f"top_k {config.num_experts_per_tok} is more than the "
+                                      f"{config.num_local_experts} experts")
+    return llama4.titan_spec(model.flavor, config), llama4.neutral_spec(config, model.flavor)
 
 
 def _attn_backend(params: dict[str, Any], device: str, ctx: BuildContext) -> str:
@@ -218,6 +242,12 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
     else:
         cfg = Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())
     cfg.model_spec, spec = _model(params, attn, ctx)
+    if hasattr(cfg.model_spec.model, "_primus_hf_config"):  # transformers backend: its Config carries hf_model
+        from primus.backends.torchtitan.hooks import PrimusHFTrainer, _as
+        from primus.backends.torchtitan.llama4 import CONFIG_DIR
+
+        cfg = _as(PrimusHFTrainer.Config, cfg)
+        cfg.hf_model = str(run_dir / CONFIG_DIR)  # config.json written there when the run starts
     cfg.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=spec.vocab_size))
     native = {k: v for k, v in params.items() if k not in PRIMUS_KEYS}
     if isinstance(native.get("optimizer"), dict):
@@ -229,6 +259,12 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
     apply_tree(cfg, native, ctx)
     check_ranges(cfg, ctx.fail)
     _check_parallelism(cfg, spec, ctx)
+    if hasattr(cfg, "hf_model"):
+        from primus.backends.torchtitan.llama4 import parallelism_problem
+
+        problem = parallelism_problem(cfg.parallelism)
+        if problem:
+            raise ctx.fail(*problem)
     _derive_run_paths(cfg, run_dir, ctx)
     if device != "cuda":
         _derive_cpu_settings(cfg, ctx)  # before the engine's checks: e.g. CUDA graphs are refused with EP
@@ -317,7 +353,8 @@ def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
     if cfg.optimizer.implementation in ("fused", "fused_opt_states_bf16"):
         cfg.optimizer.implementation = "foreach"
         ctx.derived.append(("optimizer.implementation", "foreach", "fused AdamW kernels are CUDA-only"))
-    if cfg.parallelism.spmd_backend == "spmd_types":
+    if cfg.parallelism.spmd_backend == "spmd_types" and not hasattr(cfg, "hf_model"):
+        # (the transformers backend, Llama 4, runs only on spmd_types: kept, one rank on CPU)
         cfg.parallelism.spmd_backend = "partial_dtensor"
         ctx.derived.append(("parallelism.spmd_backend", "partial_dtensor",
                             "spmd_types fails with >1 rank on torch 2.13 CPU"))

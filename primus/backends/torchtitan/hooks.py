@@ -108,9 +108,19 @@ class PrimusTrainer(Trainer):
         return not self.stopping and super().should_continue_training()
 
 
+class PrimusHFTrainer(PrimusTrainer):
+    """For a transformers-backend model (Llama 4): ``hf_model`` is where the backend's model config reads the
+    Hugging Face config.json (``TransformersBackendConfig.hf_model``). TorchTitan's ``HFTransformerTrainer``
+    only adds context-parallel mask handling, which Primus refuses for these models (``llama4.py``)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(PrimusTrainer.Config):
+        hf_model: str = ""
+
+
 def with_primus_components(cfg: Trainer.Config) -> PrimusTrainer.Config:
     """``cfg`` with Primus's trainer, metrics and (DCP) checkpoint components, settings unchanged."""
-    cfg = _as(PrimusTrainer.Config, cfg)
+    cfg = _as(PrimusHFTrainer.Config if hasattr(cfg, "hf_model") else PrimusTrainer.Config, cfg)
     cfg.metrics = _as(PrimusMetricsProcessor.Config, cfg.metrics)
     if type(cfg.checkpoint) is CheckpointManager.Config:
         cfg.checkpoint = _as(PrimusCheckpointManager.Config, cfg.checkpoint)

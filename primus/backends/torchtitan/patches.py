@@ -286,6 +286,255 @@ PATCHES = [
           SpecifierSet(">=0.3,<0.4"), _no_cuda, checkpoint_on_transient_group),
 ]
 
+# --- TorchTitan's transformers modeling backend (Llama 4) -------------------------------------------------
+# Applied only when a model is built on that backend (``apply_hf_backend_patches``, from ``llama4.py`` and the
+# adapter's run): importing it imports transformers, which other TorchTitan runs do not need.
+
+
+def _hf_backend_model():
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+    return HFTransformerModel
+
+
+def _full_then_local(param, fill: Callable) -> None:
+    """``fill`` a full-size tensor and copy this rank's part into ``param`` (plain or DTensor): the same values
+    on any number of ranks (see ``sharded_init_on_cpu``)."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    local = param.to_local() if isinstance(param, DTensor) else param
+    full = torch.empty(param.shape, dtype=param.dtype, device=local.device)
+    fill(full)
+    if isinstance(param, DTensor):
+        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+    with torch.no_grad():
+        local.copy_(full)
+
+
+def hf_backend_feed_forward_init() -> None:
+    """The transformers backend's init (``HFTransformerModel._patch_hf_llama_like``) tags each decoder
+    layer's ``mlp`` with its ``layer_idx`` and then requires it on every MLP module; Llama 4 names the block
+    ``feed_forward`` (its shared expert is another ``Llama4TextMLP``), so ``init_states`` fails with "does
+    not have a layer_idx attribute". And for Llama 4's MoE the init is wrong where it runs: the router
+    (``Llama4Router``, not a ``*TopKRouter``) is never initialised (``to_empty`` memory), and
+    ``Llama4PreTrainedModel._init_weights`` redraws the experts from N(0, initializer_range), which the
+    backend sets to 1.0 (its embedding std). Tag ``feed_forward`` like ``mlp``; after the backend's init,
+    draw the router and experts as TorchTitan's own llama4 did (43e52fd: router depth-scaled, expert w1
+    0.02, w2/w3 depth-scaled; depth std 0.02 / sqrt(2 (layer + 1)))."""
+    import torch.nn as nn
+
+    model_cls = _hf_backend_model()
+    original = model_cls.init_states
+    if getattr(original, "_primus_patched", False):
+        return
+
+    def init_states(self, *args, **kwargs):
+        layers = list(self.layers.values()) if hasattr(self.layers, "values") else list(self.layers)
+        for layer in layers:
+            block = getattr(layer, "feed_forward", None)
+            if block is not None and hasattr(layer, "layer_idx"):
+                block.layer_idx = layer.layer_idx
+                for name in ("shared_expert", "shared_experts"):
+                    if getattr(block, name, None) is not None:
+                        getattr(block, name).layer_idx = layer.layer_idx
+        original(self, *args, **kwargs)
+        for layer in layers:
+            block = getattr(layer, "feed_forward", None)
+            router, experts = getattr(block, "router", None), getattr(block, "experts", None)
+            if router is None or experts is None or not hasattr(experts, "gate_up_proj"):
+                continue
+            depth = 0.02 / (2 * (layer.layer_idx + 1)) ** 0.5
+            width = experts.gate_up_proj.shape[-1] // 2  # [E, dim, 2 * hidden]: gate | up
+
+            def gate_up(full, depth=depth, width=width):
+                nn.init.trunc_normal_(full[..., :width], std=0.02)
+                nn.init.trunc_normal_(full[..., width:], std=depth)
+
+            _full_then_local(router.weight, lambda full, depth=depth: nn.init.trunc_normal_(full, std=depth))
+            _full_then_local(experts.gate_up_proj, gate_up)
+            _full_then_local(experts.down_proj, lambda full, depth=depth: nn.init.trunc_normal_(full, std=depth))
+
+    init_states._primus_patched = True
+    model_cls.init_states = init_states
+
+
+def hf_backend_rope_buffers() -> None:
+    """The backend recomputes each rotary module's ``inv_freq`` after ``to_empty`` only where the module keeps
+    a ``rope_init_fn``; ``Llama4TextRotaryEmbedding`` (transformers 5.18) picks it in ``__init__`` without
+    keeping it, so ``inv_freq`` stays zero and every RoPE layer silently runs without positions. Recompute it
+    as that ``__init__`` does (default: ``compute_default_rope_parameters``, else ``ROPE_INIT_FUNCTIONS``)."""
+    import torch
+
+    model_cls = _hf_backend_model()
+    original = model_cls.init_states
+    if getattr(original, "_primus_rope_patched", False):
+        return
+
+    def init_states(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        for module in self.model.modules():
+            if getattr(module, "rope_init_fn", None) is not None or not hasattr(module, "inv_freq"):
+                continue
+            rope_type = getattr(module, "rope_type", None)
+            if rope_type == "default" and hasattr(module, "compute_default_rope_parameters"):
+                init_fn = module.compute_default_rope_parameters
+            elif rope_type in ROPE_INIT_FUNCTIONS:
+                init_fn = ROPE_INIT_FUNCTIONS[rope_type]
+            else:
+                continue
+            device = module.inv_freq.device
+            inv_freq, scaling = init_fn(module.config, device)
+            with torch.no_grad():
+                module.inv_freq.copy_(inv_freq.to(device=device, dtype=module.inv_freq.dtype))
+                if hasattr(module, "original_inv_freq"):
+                    module.original_inv_freq.copy_(module.inv_freq)
+            module.attention_scaling = scaling
+
+    init_states._primus_patched = getattr(original, "_primus_patched", False)
+    init_states._primus_rope_patched = True
+    model_cls.init_states = init_states
+
+
+def hf_backend_chunked_attention_masks() -> None:
+    """The backend builds one causal flex ``BlockMask`` and hands it to the HF model as its attention mask;
+    ``Llama4TextModel`` then uses that one mask for every layer, so its chunked-attention layers (the RoPE
+    layers: a token sees only its own ``attention_chunk_size`` chunk) attend across chunks once
+    ``seq_len`` exceeds the chunk. HF takes a ``{layer_type: mask}`` mapping as well: give the chunked
+    layers the same mask AND ``q // chunk == kv // chunk`` (transformers' chunked_causal_mask_function)."""
+    model_cls = _hf_backend_model()
+    original = model_cls.get_attention_masks
+    if getattr(original, "_primus_patched", False):
+        return
+
+    def get_attention_masks(self, positions):
+        masks = original(self, positions)
+        config = self.model.config
+        chunk = getattr(config, "attention_chunk_size", None)
+        if not chunk or "chunked_attention" not in (getattr(config, "layer_types", None) or ()):
+            return masks
+        from torch.nn.attention.flex_attention import BlockMask, and_masks
+        from torchtitan.distributed.utils import is_in_batch_invariant_mode
+        from torchtitan.models.common.attention import create_attention_mask
+
+        if not isinstance(masks, BlockMask):
+            return masks
+
+        def same_chunk(b, h, q_idx, kv_idx):
+            return (q_idx // chunk) == (kv_idx // chunk)
+
+        batch, seq_len = positions.shape
+        chunked = create_attention_mask(and_masks(masks.mask_mod, same_chunk), batch, None, seq_len, seq_len,
+                                        device=positions.device, BLOCK_SIZE=128,
+                                        separate_full_blocks=not is_in_batch_invariant_mode())
+        return {"full_attention": masks, "chunked_attention": chunked}
+
+    get_attention_masks._primus_patched = True
+    model_cls.get_attention_masks = get_attention_masks
+
+
+def hf_backend_sdpa_on_cpu() -> None:
+    """The backend routes every attention through FlexAttention (``flex_torchtitan``), which has no CPU
+    backward in torch 2.13 ("FlexAttention does not support backward on CPU"). On CPU the same masks are
+    applied by SDPA instead: the BlockMask's ``mask_mod`` materialised as a dense boolean mask."""
+    import torch.nn.functional as F
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import AttentionInterface
+
+    import torchtitan.experiments.transformers_modeling_backend.model as backend
+
+    if getattr(backend._flex_attention_torchtitan, "_primus_patched", False):
+        return
+
+    def sdpa_with_flex_masks(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        from torch.nn.attention.flex_attention import BlockMask, create_mask
+
+        if attention_mask is not None and not isinstance(attention_mask, BlockMask):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                          dropout=dropout, **kwargs)
+        gqa = query.shape[1] != key.shape[1]
+        if attention_mask is None:  # the backend's intent: causal (it never means full attention)
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, dropout_p=dropout,
+                                                 scale=scaling, enable_gqa=gqa)
+        else:
+            mask = create_mask(attention_mask.mask_mod, query.shape[0], None, query.shape[2], key.shape[2],
+                               device=query.device)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                 scale=scaling, enable_gqa=gqa)
+        return out.transpose(1, 2).contiguous(), None
+
+    sdpa_with_flex_masks._primus_patched = True
+    backend._flex_attention_torchtitan = sdpa_with_flex_masks
+    AttentionInterface._global_mapping[backend._ATTN_IMPLEMENTATION] = sdpa_with_flex_masks
+
+
+def hf_backend_feed_forward_sharding() -> None:
+    """The backend's sharding pass (``hf_sharding._set_layer_sharding_configs``) reads each dense layer's
+    ``layer.mlp``; Llama 4's decoder layer has ``feed_forward`` (a ``Llama4TextMLP`` or, in MoE layers,
+    transformers' ``Llama4TextMoe``, which the backend does not swap), so ``parallelize`` fails with
+    "'Llama4TextDecoderLayer' object has no attribute 'mlp'". A dense ``feed_forward`` gets the MLP's
+    configs (it has gate/up/down_proj); an MoE one is replicated (no TP: Primus refuses TP/EP for these
+    models), which FSDP then shards like any other layer state."""
+    import torchtitan.experiments.transformers_modeling_backend.hf_sharding as sharding
+
+    original = sharding._set_layer_sharding_configs
+    if getattr(original, "_primus_patched", False):
+        return
+
+    def set_layer_sharding_configs(layer, *, enable_sp: bool) -> None:
+        block = getattr(layer, "feed_forward", None)
+        if block is None or hasattr(layer, "mlp"):
+            return original(layer, enable_sp=enable_sp)
+        if hasattr(block, "gate_proj"):  # dense: the MLP rules, read through a plain attribute
+            object.__setattr__(layer, "mlp", block)
+            try:
+                return original(layer, enable_sp=enable_sp)
+            finally:
+                del layer.__dict__["mlp"]
+        flag = getattr(layer, "moe_enabled", None)
+        layer.moe_enabled = True  # skips the dense-MLP rules
+        try:
+            original(layer, enable_sp=enable_sp)
+        finally:
+            layer.moe_enabled = flag
+        for module in block.modules():
+            if next(module.parameters(recurse=False), None) is not None or \
+                    next(module.buffers(recurse=False), None) is not None:
+                module._sharding_config = sharding._replicate_config(module)
+
+    set_layer_sharding_configs._primus_patched = True
+    sharding._set_layer_sharding_configs = set_layer_sharding_configs
+
+
+HF_BACKEND_PATCHES = [
+    Patch("hf_backend_feed_forward_sharding", hf_backend_feed_forward_sharding.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), lambda: True, hf_backend_feed_forward_sharding),
+    Patch("hf_backend_feed_forward_init", hf_backend_feed_forward_init.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), lambda: True, hf_backend_feed_forward_init),
+    Patch("hf_backend_rope_buffers", hf_backend_rope_buffers.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
+          lambda: True, hf_backend_rope_buffers),
+    Patch("hf_backend_chunked_attention_masks", hf_backend_chunked_attention_masks.__doc__, "torchtitan",
+          SpecifierSet(">=0.3,<0.4"), lambda: True, hf_backend_chunked_attention_masks),
+    Patch("hf_backend_sdpa_on_cpu", hf_backend_sdpa_on_cpu.__doc__, "torch", SpecifierSet("<2.14"), _no_cuda,
+          hf_backend_sdpa_on_cpu),
+]
+_hf_applied: list[str] = []
+
+
+def apply_hf_backend_patches() -> list[str]:
+    """The transformers-backend patches needed here, once per process (after ``apply_patches``)."""
+    apply_patches()
+    if not _hf_applied:
+        for patch in HF_BACKEND_PATCHES:
+            if patch.applies():
+                patch.apply()
+                _hf_applied.append(patch.name)
+        _hf_applied.append("")
+    return [name for name in _hf_applied if name]
+
+
 _applied: list[str] = []
 
 
