@@ -174,18 +174,21 @@ def report(results: list[Result], checkout: Path, seconds: float) -> str:
     refused = [r for r in results if r.result == "refused" and not r.in_target]
     failures = [r for r in target if not r.passed and r.result != "needs inputs" and r not in multi]
     commit = _commit(checkout)
+
+    def percent(*groups) -> str:
+        return f"{100 * sum(map(len, groups)) / max(1, len(target)):.1f}%"
+
     lines = [
         f"Checkout: `{checkout}`{f' at {commit}' if commit else ''}; {len(results)} example experiments; "
         f"{seconds:.0f} s in one process.",
         "",
-        f"**Transformer-LLM and AutoModel examples (MI300X / MI325X / MI355X): {len(passed)} / {len(target)} pass "
-        f"validate + plan (8 ranks) + dry-run unchanged ({100 * len(passed) / max(1, len(target)):.1f}%).** "
+        f"**Transformer-LLM and AutoModel examples (MI300X / MI325X / MI355X): {len(passed) + len(multi)} / "
+        f"{len(target)} pass validate + plan + dry-run unchanged on the nodes they are written for, 8 GPUs each "
+        f"({percent(passed, multi)}): {len(passed)} on one node (8 ranks), {len(multi)} layouts for 2 to 16 nodes "
+        f"(refused on 8 ranks in one line, and planned and dry-run with `--nproc-per-node 8 -N <nodes>`).** "
         f"{len(inputs)} more pass validate and plan and stop at the dry-run only because an input file the "
         f"experiment names (their cluster's data, tokenizer or checkpoint path) is absent here "
-        f"({100 * (len(passed) + len(inputs)) / max(1, len(target)):.1f}% with them). "
-        f"{len(multi)} more are layouts for more than one 8-GPU node, refused on 8 ranks in one line, and pass "
-        f"plan and dry-run on the nodes they need ({100 * (len(passed) + len(inputs) + len(multi)) / max(1, len(target)):.1f}% "
-        f"with both). "
+        f"({percent(passed, multi, inputs)} with them). "
         f"{len(refused)} more are not transformer-LLM examples (Mamba / hybrid, Flux, other trainers) and are "
         f"refused in one line each; {len(results) - len(target) - len(refused)} others lie outside the MI300X / "
         f"MI325X / MI355X example folders.",

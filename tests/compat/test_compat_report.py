@@ -88,8 +88,8 @@ def test_the_report_over_a_checkout(tmp_path, compat_tool, monkeypatch):
     text = out.read_text()
     assert text.startswith("# Compatibility\n\nWritten by hand.\n") and text.endswith(f"{compat_tool.END}\nAfter.\n")
     assert "old report" not in text
-    assert "examples (MI300X / MI325X / MI355X): 1 / 2 pass validate + plan (8 ranks) + dry-run unchanged (50.0%)" \
-        in text
+    assert "examples (MI300X / MI325X / MI355X): 1 / 2 pass validate + plan + dry-run unchanged on the nodes they " \
+        "are written for, 8 GPUs each (50.0%): 1 on one node (8 ranks), 0 layouts for 2 to 16 nodes" in text
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| examples/")}
     assert set(rows) == {"examples/torchtitan/configs/MI300X/tiny-pretrain.yaml",
                          "examples/megatron/configs/MI300X/tiny-typo.yaml",
