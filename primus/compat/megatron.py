@@ -52,9 +52,15 @@ def _torch_compile(value: Any, ctx, key: str) -> None:
 
 
 def _lora(value: Any, ctx, key: str) -> None:
-    if isinstance(value, dict) and value.get("enabled"):
-        raise ctx.fail(key, "LoRA on Megatron is not supported by this Primus yet (issue #15)")
-    ctx.note(key, value, "LoRA off")
+    """AMD Primus's LoRA block is read as is by the Megatron backend (primus/backends/megatron/lora.py)."""
+    from primus.backends.megatron.lora import parse_lora
+
+    lora = parse_lora(value, f"{ctx.prefix}.{key}", ctx.where(key))
+    if not lora.enabled:
+        ctx.note(key, value, "LoRA off")
+        return
+    ctx.set(key, value, key, f"LoRA adapters ({lora.describe()}; scale alpha/dim = {lora.scale:g}) on "
+                             "megatron-core's linears, base weights frozen")
 
 
 def _mock_dataset(value: Any, ctx, key: str) -> None:
