@@ -97,3 +97,36 @@ def test_lora_sft_trains_only_the_adapters(lora_run, hf_llama):
     assert sorted(after) == sorted(start)
     for name, tensor in start.items():  # every base weight bit-identical to the HF checkpoint it started from
         assert after[name].equal(tensor), f"{name} changed: the base weights must stay frozen"
+
+
+@pytest.mark.e2e
+def test_export_merges_the_adapters_into_a_model_transformers_loads(lora_run, hf_llama, run_primus, tmp_path):
+    from safetensors.torch import load_file
+
+    run_dir, _ = lora_run
+    out = tmp_path / "merged"
+    result = run_primus("export", run_dir, "--to", "hf", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged, base = load_file(str(out / "model.safetensors")), load_file(str(hf_llama / "model.safetensors"))
+    assert sorted(merged) == sorted(base)  # the standard HF names, no adapter tensors
+    assert merged["model.norm.weight"].equal(base["model.norm.weight"])  # LoRA touches the linears only
+    # o_proj / down_proj keep Megatron's layout: W + (alpha / dim) * B @ A by hand, from the raw checkpoint
+    tensors = _checkpoint_tensors(run_dir)
+    for hf_name, megatron in (("self_attn.o_proj", "self_attention.linear_proj"), ("mlp.down_proj", "mlp.linear_fc2")):
+        a, b = (tensors[f"decoder.layers.{megatron}.lora_{x}.weight"][1] for x in "AB")
+        want = base[f"model.layers.1.{hf_name}.weight"] + (ALPHA / RANK) * b @ a
+        assert merged[f"model.layers.1.{hf_name}.weight"].allclose(want, atol=1e-6), hf_name
+        assert not merged[f"model.layers.1.{hf_name}.weight"].equal(base[f"model.layers.1.{hf_name}.weight"])
+    # every linear (QKV and SwiGLU layouts too): the merged HF model's logits = the unmerged Primus model's
+    lora_json, result_json = tmp_path / "lora.json", tmp_path / "logits.json"
+    lora_json.write_text(json.dumps(LORA))
+    iter_dir = sorted((run_dir / "checkpoints").glob("iter_*"))[-1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    worker = subprocess.run(["timeout", "-k", "10", "300", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node=1", str(WORKER), hf_llama, iter_dir, out, lora_json, result_json, "1"],
+                            capture_output=True, text=True, env=env)
+    assert worker.returncode == 0, (worker.stdout + worker.stderr)[-4000:]
+    logits = json.loads(result_json.read_text())
+    assert logits["adapter_effect"] > 1e-2, logits  # the adapters change the model
+    assert logits["max_abs_diff"] < 1e-4, logits
