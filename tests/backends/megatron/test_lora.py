@@ -40,8 +40,9 @@ def instructions(tmp_path_factory):
 def _params(hf_llama, instructions, **overrides):
     return {"hf_path": str(hf_llama), "sft_dataset_name": str(instructions["messages"]), "lora": dict(LORA),
             "train_iters": 16, "micro_batch_size": 4, "global_batch_size": 8, "seq_length": 64, "lr": 5e-3,
-            "min_lr": 5e-3, "lr_warmup_iters": 0, "weight_decay": 0.0, "bf16": False,
-            "use_distributed_optimizer": False, "eval_interval": 1000, "save_interval": 16, "seed": 1234,
+            "min_lr": 5e-3, "lr_warmup_iters": 0, "weight_decay": 0.1,  # frozen weights must not decay
+            "bf16": False,
+            "use_distributed_optimizer": False, "eval_interval": 1000, "save_interval": 8, "seed": 1234,
             **overrides}
 
 
@@ -130,3 +131,34 @@ def test_export_merges_the_adapters_into_a_model_transformers_loads(lora_run, hf
     logits = json.loads(result_json.read_text())
     assert logits["adapter_effect"] > 1e-2, logits  # the adapters change the model
     assert logits["max_abs_diff"] < 1e-4, logits
+
+
+@pytest.mark.e2e
+def test_tp2_lora_matches_one_rank(lora_run, hf_llama, instructions, tmp_path):
+    """Column-parallel B / row-parallel A with their TP reductions give the 1-rank loss curve (fp32)."""
+    _, one_rank = lora_run
+    run_dir = tmp_path / "tp2"
+    result = train_with_torchrun(run_dir, "megatron", _params(hf_llama, instructions, tensor_model_parallel_size=2,
+                                                              save_interval=1000),
+                                 nproc=2, stage="sft", env={"PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    tp2 = [r["loss"] for r in read_metrics(run_dir)]
+    want = [r["loss"] for r in one_rank]
+    assert len(tp2) == len(want)
+    assert max(abs(a - b) / b for a, b in zip(tp2, want)) < 1e-4, (tp2, want)
+    info = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+    assert f"trainable {_analytic_trainable(hf_llama)} of" in info  # TP shards counted once
+
+
+@pytest.mark.e2e
+def test_resume_restores_base_and_adapters(lora_run, hf_llama, instructions, tmp_path):
+    """The step-8 checkpoint (base + adapters + optimizer) continues the same loss curve."""
+    import shutil
+
+    source, full = lora_run
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(source / "checkpoints" / "iter_0000008", run_dir / "checkpoints" / "iter_0000008")
+    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("8")
+    records = train_in_process(run_dir, "megatron", _params(hf_llama, instructions), stage="sft", resume=True)
+    assert [r["step"] for r in records] == list(range(9, 17))
+    assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in full[8:]], rel=1e-5)
