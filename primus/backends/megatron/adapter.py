@@ -165,7 +165,8 @@ class MegatronAdapter(BackendAdapter):
 
 
 def _check_lora(module: ModuleConfig, args, provenance) -> None:
-    """The ``lora`` block's keys, and what LoRA needs: a fine-tuning stage, no sequence parallelism."""
+    """The ``lora`` block's keys, and what LoRA needs: base weights to adapt (hf_path), no sequence parallelism.
+    Any stage: SFT, or continued pretraining of adapters."""
     from primus.backends.megatron.lora import lora_of
 
     prefix = f"modules.{module.name}"
@@ -173,9 +174,9 @@ def _check_lora(module: ModuleConfig, args, provenance) -> None:
     if lora is None:
         return
     where = f"{provenance.describe(prefix + '.lora')}: " if provenance is not None else ""
-    if module.stage != "sft":
-        raise ConfigError(f"{where}{prefix}.lora: LoRA adapters fine-tune a model: stage sft (this module's stage "
-                          f"is {module.stage})")
+    if not module.params.get("hf_path"):
+        raise ConfigError(f"{where}{prefix}.lora: LoRA adapts a pretrained model: set hf_path (a Hugging Face "
+                          "checkpoint; its weights stay frozen)")
     if args.sequence_parallel:
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")

@@ -78,8 +78,7 @@ def parse_lora(value: Any, prefix: str, where: str = "") -> LoRAConfig:
         if error["type"] == "extra_forbidden":
             raise ConfigError(f"{where}{prefix}.{key}: unknown LoRA setting"
                               f"{did_you_mean(key, LoRAConfig.model_fields)}") from None
-        shown = value.get(key) if key in value else error.get("input")
-        raise ConfigError(f"{where}{prefix}.{'.'.join(loc)}={shown!r}: {error['msg']}") from None
+        raise ConfigError(f"{where}{prefix}.{'.'.join(loc)}={error.get('input')!r}: {error['msg']}") from None
 
 
 def lora_of(params: dict[str, Any], prefix: str, provenance=None) -> LoRAConfig | None:

@@ -162,3 +162,89 @@ def test_resume_restores_base_and_adapters(lora_run, hf_llama, instructions, tmp
     records = train_in_process(run_dir, "megatron", _params(hf_llama, instructions), stage="sft", resume=True)
     assert [r["step"] for r in records] == list(range(9, 17))
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in full[8:]], rel=1e-5)
+
+
+AMD_EXPERIMENT = """\
+work_group: amd
+user_name: root
+exp_name: llama_tiny-lora-sft
+workspace: {workspace}
+modules:
+  post_trainer:
+    framework: megatron
+    config: sft_trainer.yaml
+    overrides:
+      stage: sft
+      hf_path: {hf}
+      sft_dataset_name: {data}
+      sft_conversation_format: messages
+      tokenizer_type: Llama3Tokenizer
+      tokenizer_model: {hf}
+      disable_wandb: true
+      train_iters: 2
+      micro_batch_size: 2
+      global_batch_size: 2
+      seq_length: 64
+      bf16: false
+      use_distributed_optimizer: false
+      lora:
+        enabled: true
+        dim: 32
+        alpha: 32
+        dropout: 0.0
+        dropout_position: pre
+        lora_A_init_method: xavier
+        lora_B_init_method: zero
+        target_modules: [linear_qkv, linear_proj, linear_fc1, linear_fc2]
+"""
+
+
+@pytest.fixture
+def amd_experiment(hf_llama, instructions, tmp_path):
+    path = tmp_path / "llama_tiny-lora-sft.yaml"
+    path.write_text(AMD_EXPERIMENT.format(workspace=tmp_path / "out", hf=hf_llama, data=instructions["messages"]))
+    return path
+
+
+def _cli(capsys, *args) -> tuple[int, str, str]:
+    from primus.cli.main import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_an_amd_lora_experiment_validates_plans_and_dry_runs(amd_experiment, capsys):
+    code, out, err = _cli(capsys, "config", "validate", amd_experiment)
+    assert code == 0, err
+    assert "translated lora=" in out and "LoRA adapters (rank 32, alpha 32, targets linear_qkv, linear_proj, " \
+                                         "linear_fc1, linear_fc2; scale alpha/dim = 1)" in out
+    code, out, err = _cli(capsys, "plan", amd_experiment)
+    assert code == 0, err
+    assert "parameters" in out
+    code, out, err = _cli(capsys, "train", amd_experiment, "--dry-run")
+    assert code == 0, err
+    assert not (amd_experiment.parent / "out").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("lora.dropout_positon=post",
+     "modules.post_trainer.lora.dropout_positon: unknown LoRA setting (did you mean 'dropout_position'?)"),
+    ("lora.dropout_position=middle", "modules.post_trainer.lora.dropout_position='middle': Input should be 'pre' or 'post'"),
+    ("lora.target_modules=[linear_qkv,lm_head]", "modules.post_trainer.lora.target_modules.1='lm_head'"),
+    ("lora.dim=0", "modules.post_trainer.lora.dim=0: Input should be greater than 0"),
+    ("sequence_parallel=true tensor_model_parallel_size=2", "modules.post_trainer.lora: LoRA with sequence_parallel is not supported yet"),
+    ("hf_path=null num_layers=2 hidden_size=64 num_attention_heads=4",
+     "modules.post_trainer.lora: LoRA adapts a pretrained model: set hf_path"),
+])
+def test_a_wrong_lora_block_is_one_line_exit_2(amd_experiment, capsys, override, message):
+    code, out, err = _cli(capsys, "config", "validate", amd_experiment, *override.split())
+    errors = [line for line in err.splitlines() if line.startswith("primus: error:")]
+    assert code == 2 and len(errors) == 1, err
+    assert message in errors[0], errors[0]
+
+
+def test_lora_off_is_said_and_leaves_the_module_alone(amd_experiment, capsys):
+    code, out, err = _cli(capsys, "config", "validate", amd_experiment, "lora.enabled=false")
+    assert code == 0, err
+    assert "translated lora=" in out and "no effect (LoRA off)" in out
