@@ -52,15 +52,14 @@ def _torch_compile(value: Any, ctx, key: str) -> None:
 
 
 def _lora(value: Any, ctx, key: str) -> None:
-    """AMD Primus's LoRA block is read as is by the Megatron backend (primus/backends/megatron/lora.py)."""
+    """AMD Primus's LoRA block is also Primus's: the Megatron backend reads it (primus/backends/megatron/lora.py,
+    which says what it does when the run is planned); checked here so an error cites the file's line."""
     from primus.backends.megatron.lora import parse_lora
 
-    lora = parse_lora(value, f"{ctx.prefix}.{key}", ctx.where(key))
-    if not lora.enabled:
+    if not parse_lora(value, f"{ctx.prefix}.{key}", ctx.where(key)).enabled:
         ctx.note(key, value, "LoRA off")
         return
-    ctx.set(key, value, key, f"LoRA adapters ({lora.describe()}; scale alpha/dim = {lora.scale:g}) on "
-                             "megatron-core's linears, base weights frozen")
+    ctx.params[key] = value
 
 
 def _mock_dataset(value: Any, ctx, key: str) -> None:

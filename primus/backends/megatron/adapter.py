@@ -75,7 +75,7 @@ class MegatronAdapter(BackendAdapter):
             _build_tiny_sft_assets(module, lambda message: None)  # [#15] the files the run names exist from here on
         derived: list[tuple[str, Any, str]] = []
         args = parse_args(megatron_params(module.params, derived), module=module.name, provenance=provenance)
-        _check_lora(module, args, provenance)
+        lora = _check_lora(module, args, provenance)
         if args.bf16 and not device.startswith("cuda"):  # perf (#17): bf16 only where the CPU has bf16 units
             from primus.plan.devices import cpu_bf16_decision
 
@@ -92,6 +92,9 @@ class MegatronAdapter(BackendAdapter):
                           flops_per_token=flops_per_token(model, args.seq_length) if model else None)
         for key, value, reason in derived:
             plan.derive(key, value, reason)
+        if lora is not None:
+            plan.derive("lora", lora.describe(), f"adapters y = W x + {lora.scale:g} * B A x on megatron-core's linears "
+                        "(alpha / dim); every base weight frozen")
         return plan
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
@@ -164,7 +167,7 @@ class MegatronAdapter(BackendAdapter):
         train(plan.engine_config, ctx, plan.module.name, post, lora)  # [#15 SFT/HF hook] post: HF weights / instructions
 
 
-def _check_lora(module: ModuleConfig, args, provenance) -> None:
+def _check_lora(module: ModuleConfig, args, provenance):
     """The ``lora`` block's keys, and what LoRA needs: base weights to adapt (hf_path), no sequence parallelism.
     Any stage: SFT, or continued pretraining of adapters."""
     from primus.backends.megatron.lora import lora_of
@@ -180,6 +183,7 @@ def _check_lora(module: ModuleConfig, args, provenance) -> None:
     if args.sequence_parallel:
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")
+    return lora
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:
