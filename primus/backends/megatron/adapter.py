@@ -93,8 +93,9 @@ class MegatronAdapter(BackendAdapter):
         for key, value, reason in derived:
             plan.derive(key, value, reason)
         if lora is not None:
+            base = "" if module.params.get("hf_path") else " (no hf_path: the frozen base is megatron-core's random init)"
             plan.derive("lora", lora.describe(), f"adapters y = W x + {lora.scale:g} * B A x on megatron-core's linears "
-                        "(alpha / dim); every base weight frozen")
+                        f"(alpha / dim); every base weight frozen{base}")
         return plan
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
@@ -168,8 +169,8 @@ class MegatronAdapter(BackendAdapter):
 
 
 def _check_lora(module: ModuleConfig, args, provenance):
-    """The ``lora`` block's keys, and what LoRA needs: base weights to adapt (hf_path), no sequence parallelism.
-    Any stage: SFT, or continued pretraining of adapters."""
+    """The ``lora`` block's keys, and what LoRA needs: no sequence parallelism. Any stage, with or without
+    ``hf_path`` (AMD's 4-layer LoRA benchmarks adapt a randomly initialised base: the plan says so)."""
     from primus.backends.megatron.lora import lora_of
 
     prefix = f"modules.{module.name}"
@@ -177,9 +178,6 @@ def _check_lora(module: ModuleConfig, args, provenance):
     if lora is None:
         return
     where = f"{provenance.describe(prefix + '.lora')}: " if provenance is not None else ""
-    if not module.params.get("hf_path"):
-        raise ConfigError(f"{where}{prefix}.lora: LoRA adapts a pretrained model: set hf_path (a Hugging Face "
-                          "checkpoint; its weights stay frozen)")
     if args.sequence_parallel:
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")

@@ -239,8 +239,6 @@ def test_an_amd_lora_experiment_validates_plans_and_dry_runs(amd_experiment, cap
     ("lora.target_modules=[linear_qkv,lm_head]", "modules.post_trainer.lora.target_modules.1='lm_head'"),
     ("lora.dim=0", "modules.post_trainer.lora.dim=0: Input should be greater than 0"),
     ("sequence_parallel=true tensor_model_parallel_size=2", "modules.post_trainer.lora: LoRA with sequence_parallel is not supported yet"),
-    ("hf_path=null num_layers=2 hidden_size=64 num_attention_heads=4",
-     "modules.post_trainer.lora: LoRA adapts a pretrained model: set hf_path"),
 ])
 def test_a_wrong_lora_block_is_one_line_exit_2(amd_experiment, capsys, override, message):
     code, out, err = _cli(capsys, "config", "validate", amd_experiment, *override.split())
