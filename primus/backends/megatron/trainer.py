@@ -237,7 +237,7 @@ class MegatronTrainer:
                                  "without adapters (expert-parallel LoRA is not supported)")
         missing = [name for name, n in counts.items() if n == 0]
         if missing:
-            self.ctx.log_derived("lora.target_modules", ",".join(missing), "no such linear in this model chunk")
+            self.ctx.log_derived("lora.target_modules", ",".join(missing), "no such linear outside MoE routed experts in this model chunk")
         trainable, total = parameter_counts(chunks)
         self.ctx.logger.info(summary(self.lora, trainable, total))
 

@@ -251,3 +251,22 @@ def test_lora_off_is_said_and_leaves_the_module_alone(amd_experiment, capsys):
     code, out, err = _cli(capsys, "config", "validate", amd_experiment, "lora.enabled=false")
     assert code == 0, err
     assert "translated lora=" in out and "no effect (LoRA off)" in out
+
+
+@pytest.mark.e2e
+def test_moe_routed_experts_keep_no_adapter(instructions, tmp_path):
+    """Mixtral: the attention linears are adapted, the experts' linear_fc1/fc2 stay frozen (said in the log)."""
+    from primus.hf.tiny import build_tiny_hf_model
+
+    hf = build_tiny_hf_model(tmp_path / "mixtral", "mixtral", seed=7)
+    run_dir = tmp_path / "moe"
+    records = _torchrun(run_dir, _params(hf, instructions, train_iters=3, save_interval=1000, moe_grouped_gemm=False))
+    assert len(records) == 3
+    info = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+    config = json.loads((hf / "config.json").read_text())
+    dim, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = dim // heads
+    attention = RANK * ((dim + (heads + 2 * kv) * head_dim) + (heads * head_dim + dim)) * config["num_hidden_layers"]
+    assert f"trainable {attention} of" in info
+    experts = 2 * config["num_local_experts"] * config["num_hidden_layers"]
+    assert f"{experts} linears of MoE routed experts on rank 0 stay frozen without adapters" in info
