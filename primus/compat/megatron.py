@@ -52,9 +52,14 @@ def _torch_compile(value: Any, ctx, key: str) -> None:
 
 
 def _lora(value: Any, ctx, key: str) -> None:
-    if isinstance(value, dict) and value.get("enabled"):
-        raise ctx.fail(key, "LoRA on Megatron is not supported by this Primus yet (issue #15)")
-    ctx.note(key, value, "LoRA off")
+    """AMD Primus's LoRA block is also Primus's: the Megatron backend reads it (primus/backends/megatron/lora.py,
+    which says what it does when the run is planned); checked here so an error cites the file's line."""
+    from primus.backends.megatron.lora import parse_lora
+
+    if not parse_lora(value, f"{ctx.prefix}.{key}", ctx.where(key)).enabled:
+        ctx.note(key, value, "LoRA off")
+        return
+    ctx.params[key] = value
 
 
 def _mock_dataset(value: Any, ctx, key: str) -> None:

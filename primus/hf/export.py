@@ -98,6 +98,11 @@ def _megatron(run_dir: Path, name: str, section: dict[str, Any], step: int | Non
         source = Path(plan.checkpoint.load)
         spec = model_spec_from_hf(read_config(source))
     tensors = read_dcp_tensors(path, lambda key: not key.startswith(("optimizer", "rng_state")))
+    from primus.backends.megatron.lora import lora_of, merge_lora_tensors
+
+    lora = lora_of(section["params"], f"modules.{name}")
+    if lora is not None:  # W + (alpha / dim) * B @ A, as merge_lora does for AutoModel's PEFT adapters
+        tensors = merge_lora_tensors(tensors, lora.scale)
     return megatron_to_hf(tensors, spec), spec, source, plan.engine_config.tokenizer_model, path, step
 
 

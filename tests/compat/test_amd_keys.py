@@ -69,7 +69,7 @@ MAPPED = {
         "attn_logit_softcapping": (30.0, ("run",)),
         "router_logit_softcapping": (30.0, ("run",)),
         "use_deprecated_20241209_moe_layer": (True, ("refuse", "deprecated MoE layer")),
-        "lora": ({"enabled": True, "dim": 16}, ("refuse", "LoRA on Megatron")),
+        "lora": ({"enabled": True, "dim": 16}, ("keep", {"enabled": True, "dim": 16})),
         "mock_dataset": ({"class": "x.FluxMock"}, ("refuse", "Flux/diffusion")),
         "model_type": ("mamba", ("refuse", "no Mamba/hybrid")),
     },

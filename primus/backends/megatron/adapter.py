@@ -28,6 +28,7 @@ def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] 
     """
     params = dict(params)
     extra = params.pop("primus", None) or {}
+    params.pop("lora", None)  # Primus's LoRA block (primus/backends/megatron/lora.py), not a Megatron-LM argument
     # the block itself is checked against primus.config.schema.PrimusOptions before launch
     root = tiny_assets_dir({"primus": extra})
     # [#15 SFT/HF hook] hf_path / sft_* keys are Primus' (primus/hf/megatron_start.py): taken out here;
@@ -74,6 +75,7 @@ class MegatronAdapter(BackendAdapter):
             _build_tiny_sft_assets(module, lambda message: None)  # [#15] the files the run names exist from here on
         derived: list[tuple[str, Any, str]] = []
         args = parse_args(megatron_params(module.params, derived), module=module.name, provenance=provenance)
+        lora = _check_lora(module, args, provenance)
         if args.bf16 and not device.startswith("cuda"):  # perf (#17): bf16 only where the CPU has bf16 units
             from primus.plan.devices import cpu_bf16_decision
 
@@ -90,6 +92,10 @@ class MegatronAdapter(BackendAdapter):
                           flops_per_token=flops_per_token(model, args.seq_length) if model else None)
         for key, value, reason in derived:
             plan.derive(key, value, reason)
+        if lora is not None:
+            base = "" if module.params.get("hf_path") else " (no hf_path: the frozen base is megatron-core's random init)"
+            plan.derive("lora", lora.describe(), f"adapters y = W x + {lora.scale:g} * B A x on megatron-core's linears "
+                        f"(alpha / dim); every base weight frozen{base}")
         return plan
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
@@ -154,8 +160,28 @@ class MegatronAdapter(BackendAdapter):
                 ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
         from primus.backends.megatron.trainer import train
 
-        post = post_training(plan.module.params, plan.module.stage, prefix=f"modules.{plan.module.name}")
-        train(plan.engine_config, ctx, plan.module.name, post)  # [#15 SFT/HF hook] post: HF weights / instructions
+        from primus.backends.megatron.lora import lora_of
+
+        prefix = f"modules.{plan.module.name}"
+        post = post_training(plan.module.params, plan.module.stage, prefix=prefix)
+        lora = lora_of(plan.module.params, prefix)
+        train(plan.engine_config, ctx, plan.module.name, post, lora)  # [#15 SFT/HF hook] post: HF weights / instructions
+
+
+def _check_lora(module: ModuleConfig, args, provenance):
+    """The ``lora`` block's keys, and what LoRA needs: no sequence parallelism. Any stage, with or without
+    ``hf_path`` (AMD's 4-layer LoRA benchmarks adapt a randomly initialised base: the plan says so)."""
+    from primus.backends.megatron.lora import lora_of
+
+    prefix = f"modules.{module.name}"
+    lora = lora_of(module.params, prefix, provenance)
+    if lora is None:
+        return
+    where = f"{provenance.describe(prefix + '.lora')}: " if provenance is not None else ""
+    if args.sequence_parallel:
+        raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
+                          "(set sequence_parallel: false)")
+    return lora
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:

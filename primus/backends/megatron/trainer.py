@@ -111,9 +111,10 @@ def set_random_seed(args: MegatronArgs) -> None:
 
 
 class MegatronTrainer:
-    def __init__(self, args: MegatronArgs, ctx, module: str = "pre_trainer", post=None):
+    def __init__(self, args: MegatronArgs, ctx, module: str = "pre_trainer", post=None, lora=None):
         self.args, self.ctx, self.module = args, ctx, module
         self.post = post  # [#15] primus.hf.megatron_start.MegatronPostTraining: HF weights, instruction data
+        self.lora = lora  # primus.backends.megatron.lora.LoRAConfig (enabled) or None
         self.owns_process_group = False
 
     def _say_notes(self) -> None:
@@ -178,6 +179,10 @@ class MegatronTrainer:
             derived.set("padded_vocab_size", self.vocab,
                         f"{vocab} rounded up to a multiple of make_vocab_size_divisible_by x TP")
         use_te = use_transformer_engine(args, on_gpu, derived)
+        if use_te and self.lora is not None:
+            use_te = False
+            derived.set("transformer_impl", "local", "LoRA wraps megatron-core's Column/RowParallelLinear "
+                        "(Transformer Engine fuses the layer norm into linear_qkv / linear_fc1)")
         derived.set("attention_backend", "TEDotProductAttention" if use_te else "local DotProductAttention",
                     "follows transformer_impl")
         self.config = transformer_config(args, on_gpu=on_gpu, derived=derived, use_te=use_te)
@@ -189,6 +194,8 @@ class MegatronTrainer:
                 chunk.cuda(torch.cuda.current_device())
         if self.post is not None:  # [#15] before Float16Module/DDP/optimizer copy the parameters
             self.post.load_weights(chunks, ctx)
+        if self.lora is not None:  # after the base weights are loaded, before Float16Module/DDP/optimizer
+            self._apply_lora(chunks)
         self.model = wrap_ddp(args, self.config, wrap_float16(args, self.config, chunks))
         self.optimizer = build_optimizer(args, self.model)
         self._hook_schedule()
@@ -218,6 +225,21 @@ class MegatronTrainer:
             self.train_ds, self.valid_ds = self.post.datasets(args.seq_length, args.seed, ctx)
         else:
             self.train_ds, self.valid_ds, _ = build_datasets(args, self.tokenizer, self.gbs, self.dp)
+
+    def _apply_lora(self, chunks: list) -> None:
+        from primus.backends.megatron.lora import apply_lora, parameter_counts, summary
+
+        counts = apply_lora(chunks, self.lora, self.config, seed=self.args.seed)
+        skipped = counts.pop("skipped_experts")
+        if skipped:
+            self.ctx.log_derived("lora.target_modules", ",".join(self.lora.target_modules),
+                                 f"{skipped} linears of MoE routed experts on rank {self.ctx.rank} stay frozen "
+                                 "without adapters (expert-parallel LoRA is not supported)")
+        missing = [name for name, n in counts.items() if n == 0]
+        if missing:
+            self.ctx.log_derived("lora.target_modules", ",".join(missing), "no such linear outside MoE routed experts in this model chunk")
+        trainable, total = parameter_counts(chunks)
+        self.ctx.logger.info(summary(self.lora, trainable, total))
 
     def _hook_schedule(self) -> None:
         """Tell the schedules how to finish a step, as Megatron-LM's ``train()`` does: without
@@ -342,9 +364,9 @@ class MegatronTrainer:
             dist.destroy_process_group()
 
 
-def train(args: MegatronArgs, ctx, module: str = "pre_trainer", post=None) -> None:
+def train(args: MegatronArgs, ctx, module: str = "pre_trainer", post=None, lora=None) -> None:
     """Build Megatron's model, optimizer and data for this rank, train, checkpoint, tear down."""
-    trainer = MegatronTrainer(args, ctx, module, post)
+    trainer = MegatronTrainer(args, ctx, module, post, lora)
     try:
         trainer.setup()
         trainer.train()
