@@ -40,7 +40,7 @@ TARGET_DEVICES = ("MI300X", "MI325X", "MI355X")
 # itself must refuse each in one line (primus/compat/families.py); the report checks that it does.
 NOT_TRANSFORMER_LLM = re.compile(r"zebra_llama|mamba|hybrid|(^|/)diffusion/|flux")
 # The dry-run checks the files a run reads: their cluster's data / checkpoint paths are absent here.
-MISSING_INPUT = re.compile(r": \S+ does not exist$")
+MISSING_INPUT = re.compile(r": \S+ does not exist( \(a [^)]*\))?$")
 # A layout for more than one 8-GPU node: the report also tries it on the nodes it needs.
 WORLD_SIZE = re.compile(r"world size \(\d+\) is not divisible by")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from primus.compat.rules import custom, inert, table
+from primus.compat.translate import ENVIRONMENT_NAME
 from primus.config.errors import ConfigError
 
 # AMD Primus logs through loguru; our console takes the stdlib levels.
@@ -66,4 +67,6 @@ RULES = table(
                              "above, info.log INFO and above, ..."),
     inert("trainable", "AMD Primus module flag; a Primus module always trains"),
     custom("stage", "the module's stage", _stage),
+    inert(ENVIRONMENT_NAME, "an environment variable's name, not a training setting: export it in the shell, the "
+                            "container or the Slurm script"),
 )

@@ -8,6 +8,7 @@ records the new key as set by the old key's line (``config show --why`` shows bo
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +150,12 @@ def _pop(tree: dict[str, Any], dotted: str) -> None:
             break
 
 
+# An environment variable's name among a module's keys (AMD's ``HSA_NO_SCRATCH_RECLAIM: 1`` in
+# overrides): the rule stored under this key covers every such top-level key.
+ENVIRONMENT_NAME = "<ENVIRONMENT_VARIABLE>"
+_ENVIRONMENT = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)+$")
+
+
 def _matches(params: dict[str, Any], rules: dict[str, Rule]) -> list[tuple[str, Rule, Any]]:
     """(dotted key, rule, value) for every key of ``params`` a rule covers, in file order."""
     found: list[tuple[str, Rule, Any]] = []
@@ -158,7 +165,8 @@ def _matches(params: dict[str, Any], rules: dict[str, Rule]) -> list[tuple[str, 
     def walk(node: dict[str, Any], path: str) -> None:
         for key, value in list(node.items()):
             dotted = f"{path}.{key}" if path else key
-            rule = rules.get(dotted) or (rules.get(f"{path}.*") if path else None)
+            rule = rules.get(dotted) or (rules.get(f"{path}.*") if path else
+                                         rules.get(ENVIRONMENT_NAME) if _ENVIRONMENT.match(key) else None)
             if rule is not None:
                 found.append((dotted, rule, value))
             elif isinstance(value, dict) and dotted in prefixes:

@@ -229,3 +229,27 @@ def test_stage_mlperf_pretrain_plans_as_pretraining_and_a_run_is_refused():
     with pytest.raises(ConfigError, match=r"modules.pre_trainer.stage='mlperf_pretrain': .*primus_mllog.*"
                                           r"stage: pretrain runs the same training"):
         check_runnable(module)
+
+
+_TINY_MEGATRON = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+                  "micro_batch_size": 1, "mock_data": True, "train_iters": 4, "lr": 1e-3}
+
+
+def test_an_environment_variable_among_the_settings_is_said_to_have_no_effect():
+    """AMD's deepseek_v2_lite SFT file lists HSA_NO_SCRATCH_RECLAIM: 1 (and others) in its overrides."""
+    ctx = translate("megatron", "HSA_NO_SCRATCH_RECLAIM", 1)
+    (line,) = ctx.translations
+    assert line.kind == "inert" and "environment variable" in line.line() and not ctx.params
+    with pytest.raises(ConfigError, match="unknown Megatron argument"):  # lower case is a setting: checked
+        from primus.backends.megatron.arguments import parse_args
+
+        parse_args({"hsa_no_scratch_reclaim": 1, **_TINY_MEGATRON})
+
+
+def test_null_for_an_argument_megatron_lm_never_leaves_unset_keeps_its_default():
+    """AMD's bridge-aligned SFT files: moe_flex_dispatcher_backend: null (argparse cannot say null)."""
+    from primus.backends.megatron.arguments import parse_args
+
+    args = parse_args({"moe_flex_dispatcher_backend": None, **_TINY_MEGATRON})
+    assert args.moe_flex_dispatcher_backend == "deepep" and "moe_flex_dispatcher_backend" not in args.given
+    assert any(key == "moe_flex_dispatcher_backend" and "null" in why for key, _, why, _ in args.notes)

@@ -130,11 +130,17 @@ def parse_args(params: dict[str, Any], *, module: str = "pre_trainer", provenanc
         except (ValidationError, TypeError) as exc:
             raise _config_error(exc, f"modules.{module}.model", ModelSpec.model_fields, provenance) from None
     flat = _dests_from_options({k: v for k, v in params.items() if k != "model"}, module, provenance)
-    merged.update(flat)
+    # null for an argument Megatron-LM never leaves unset (AMD's `moe_flex_dispatcher_backend: null`):
+    # its command line cannot say null, so the argument is not given and keeps Megatron-LM's default
+    table = megatron_lm_table()
+    unset = [k for k, v in flat.items() if v is None and k in table and table[k].default is not None]
+    merged.update({k: v for k, v in flat.items() if k not in unset})
     try:
         args = megatron_args_model()(**merged, model=model)
     except ValidationError as exc:
         raise _config_error(exc, f"modules.{module}", [*argument_names(), *option_aliases()], provenance) from None
+    for key in unset:
+        args.note(key, table[key].default, "null: not given (Megatron-LM's command line has no null), its default")
     args._given = set(merged)  # what the experiment set (support.run_time_notes checks only these)
     apply_megatron_lm_rules(args, module=module)
     check_parallel_layout(args, world_size=None, module=module)
