@@ -12,6 +12,20 @@ from primus.backends.torchtitan import llama4  # noqa: E402
 SEQ = 32
 
 
+@pytest.fixture(autouse=True)
+def _restore_transformers_init():
+    """TorchTitan's transformers backend replaces ``PreTrainedModel._init_weights`` (and
+    ``_initialize_weights``) process-wide when it builds a model; later tests in this pytest process
+    that load a Hugging Face model (AutoModel's LoRA export check) must get transformers' own."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    saved = {name: PreTrainedModel.__dict__[name] for name in ("_init_weights", "_initialize_weights")
+             if name in PreTrainedModel.__dict__}
+    yield
+    for name, value in saved.items():
+        setattr(PreTrainedModel, name, value)
+
+
 def _tiny_config(tmp_path, **overrides):
     from transformers import Llama4TextConfig
 
