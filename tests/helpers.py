@@ -106,3 +106,28 @@ def train_with_torchrun(run_dir: Path, framework: str, params: dict[str, Any], *
                             env=full_env)
     (Path(run_dir) / "output.log").write_text(result.stdout + result.stderr)
     return result
+
+
+def cli_in_process(*argv: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``primus ARGV`` in this process (engines imported once per session), with ``env`` for its
+    duration: for commands that start no rank (validate, plan, --dry-run). Same result shape as a
+    subprocess run."""
+    import io
+
+    from primus.cli.main import main
+
+    saved = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in argv])
+            except SystemExit as exc:  # argparse
+                code = int(exc.code or 0)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["primus", *map(str, argv)], code, out.getvalue(), err.getvalue())

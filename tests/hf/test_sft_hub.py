@@ -5,12 +5,13 @@ both once, with HF_TOKEN, from a real HTTP server standing in for the Hub (HF_EN
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 import yaml
 
 from tests.compat.hub_server import HubServer
-from tests.helpers import losses, run_dir_of
+from tests.helpers import cli_in_process, losses, run_dir_of
 
 pytestmark = [pytest.mark.e2e]
 MODEL, DATA, TOKEN = "acme/Tiny-Llama-SFT", "acme/tiny-alpaca", "hf_sft_secret_token"
@@ -55,7 +56,7 @@ def test_hub_model_and_dataset_are_fetched_once_when_the_run_starts(hf_models, r
                "HF_HUB_DISABLE_TELEMETRY": "1"}
         for argv in (["config", "validate", experiment], ["plan", experiment],
                      ["train", experiment, "--dry-run"]):
-            checked = run_primus(*argv, env=env)
+            checked = cli_in_process(*argv, env={**os.environ, "PRIMUS_WORKSPACE": str(workspace), **env})
             assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
         assert hub.requests == []  # nothing downloaded before the run
         result = run_primus("train", experiment, env=env, timeout=600)

@@ -25,7 +25,15 @@ def plan(*args, env=None):
                           text=True, timeout=120)
 
 
+def _plan_here(*args, env=None):
+    """`primus plan` in this process: the same text, without an interpreter start per call."""
+    from tests.helpers import cli_in_process
+
+    return cli_in_process("plan", *args, env=env or _env())
+
+
 def test_first_line_states_world_size_and_device_and_their_source():
+    plan = _plan_here
     out = plan(LLAMA8B, "--nproc-per-node", "8", "--device", "mi300x")
     first = out.stdout.splitlines()[0]
     assert first == "plan for world size 8 (8 per node x 1 node(s) from --nproc-per-node 8), device mi300x (--device)"

@@ -67,12 +67,17 @@ def test_megatron_arguments_are_parsed_once_per_process(tmp_path):
 
 
 @pytest.mark.e2e
-def test_one_flops_convention_for_every_llm_backend(run_primus, workspace):
+def test_one_flops_convention_for_every_llm_backend(run_primus, workspace, tiny_cache):
     """The same network on TorchTitan and Megatron: `primus plan` prints the same FLOPs per token,
     and each run reports exactly that number (so MFU compares across engines)."""
+    import os
+
+    from tests.helpers import cli_in_process
+
     planned = {}
     for backend, example in TINY.items():
-        result = run_primus("plan", example, "--json")
+        result = cli_in_process("plan", example, "--json", env={**os.environ, "PRIMUS_WORKSPACE": str(workspace),
+                                                                "PRIMUS_CACHE": str(tiny_cache)})
         assert result.returncode == 0, result.stderr
         planned[backend] = json.loads(result.stdout)["flops"]["per_token"]
     assert planned["torchtitan"] == planned["megatron"]

@@ -105,9 +105,11 @@ modules:
     config: pre_trainer.yaml
     model: llama3.1_8B-fp8.yaml
 """)
+    from tests.helpers import cli_in_process
+
     for argv in (["config", "validate", exp], ["plan", exp, "--nproc-per-node", "8"],
                  ["train", exp, "--dry-run", "--nproc-per-node", "8"]):
-        result = run_primus(*argv)
+        result = cli_in_process(*argv)
         assert result.returncode == 0, result.stderr[-2000:]
     result = run_primus("train", exp, "--nproc-per-node", "1", timeout=240)
     lines = [line for line in result.stderr.splitlines() if line.startswith("primus: error:")]
