@@ -1,6 +1,7 @@
 """Shared fixtures: run the real `primus` CLI in a subprocess, in a private workspace."""
 from __future__ import annotations
 
+import collections
 import os
 import re
 import signal
@@ -24,6 +25,15 @@ def assert_seed_train_lines(stdout: str, steps: list[int]) -> None:
     parsed = [SEED_TRAIN_LINE.search(line) for line in lines]
     assert all(parsed), [line for line, m in zip(lines, parsed) if not m][:3]
     assert [int(m.group(1)) for m in parsed] == steps
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files that run engines first, those with the most engine runs first (each file's own order
+    kept): the two workers (`--dist loadfile`, one file at a time) then finish together instead of
+    one of them running a long file alone at the end."""
+    runs = collections.Counter(item.path for item in items if item.get_closest_marker("e2e"))
+    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-runs[item.path], first_seen[item.path]))
 
 
 @pytest.fixture(scope="session")
