@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 
-def main() -> int:
-    hf_dir, out, tp = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    ep = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+def start(tp: int, ep: int = 1):
+    """CPU patches, gloo, megatron-core's parallel state; the torch and torch.distributed modules."""
     import torch
 
     torch.set_num_threads(1)
@@ -29,6 +28,13 @@ def main() -> int:
     dist.init_process_group("gloo")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
+    return torch, dist
+
+
+def model_from_hf(hf_dir: Path, tp: int, ep: int = 1):
+    """(args, config, chunks): the model built and filled from ``hf_dir`` as the trainer does it."""
+    import torch.distributed as dist
+
     from primus.backends.megatron.adapter import megatron_params
     from primus.backends.megatron.arguments import parse_args
     from primus.backends.megatron.model import Derived, build_model, padded_vocab_size, transformer_config
@@ -42,13 +48,39 @@ def main() -> int:
     chunks = build_model(args, config, padded_vocab_size(args.vocab_size, args), use_te=False)
     ctx = type("Ctx", (), {"logger": logging.getLogger("worker"), "rank": dist.get_rank()})()
     post_training(params, "pretrain").load_weights(chunks, ctx)
+    return args, config, chunks
+
+
+def full_logits(chunks, args, tp: int):
+    """(tokens, the full-vocabulary logits on them), gathered over tensor parallelism."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
     tokens = torch.arange(3, 3 + 2 * 16).remainder(args.vocab_size).view(2, 16)
     positions = torch.arange(16).expand(2, 16)
     with torch.no_grad():
         local = chunks[0](tokens, positions, None)  # [b, s, vocab / tp]
     pieces = [torch.empty_like(local) for _ in range(tp)]
     dist.all_gather(pieces, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
-    logits = torch.cat(pieces, dim=-1)[..., : args.vocab_size]
+    return tokens, torch.cat(pieces, dim=-1)[..., : args.vocab_size]
+
+
+def finish(dist) -> int:
+    from megatron.core import parallel_state
+
+    dist.barrier()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    return 0
+
+
+def main() -> int:
+    hf_dir, out, tp = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    ep = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    torch, dist = start(tp, ep)
+    args, _, chunks = model_from_hf(hf_dir, tp, ep)
+    tokens, logits = full_logits(chunks, args, tp)
     if dist.get_rank() == 0:
         from transformers import AutoModelForCausalLM
 
@@ -57,10 +89,7 @@ def main() -> int:
             reference = hf(tokens).logits
         out.write_text(json.dumps({"max_abs_diff": (logits - reference).abs().max().item(),
                                    "scale": reference.abs().max().item(), "shape": list(logits.shape)}))
-    dist.barrier()
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
-    return 0
+    return finish(dist)
 
 
 if __name__ == "__main__":
