@@ -58,11 +58,6 @@ def _marker(repo_id: str, kind: str) -> Path:
     return Path(constants.HF_HUB_CACHE) / ".primus-fetched" / name
 
 
-def fetch_tokenizer(repo_id: str, *, key: str, local_rank: int = 0, wait_s: float = 1800.0) -> Path:
-    """The local snapshot directory of ``repo_id``'s tokenizer files (downloaded once, by local rank 0)."""
-    return fetch(repo_id, "tokenizer", key=key, local_rank=local_rank, wait_s=wait_s)
-
-
 def fetch(repo_id: str, kind: str, *, key: str, local_rank: int = 0, wait_s: float = 1800.0) -> Path:
     """The local snapshot directory of a Hub repo's ``kind`` files: tokenizer, model (weights too) or
     dataset; downloaded once per node by local rank 0 while the others wait."""

@@ -18,11 +18,11 @@ REPO = "acme/Tiny-LLM-3B"
 
 
 def fetch(env, local_rank=0, timeout=120):
-    """fetch_tokenizer in a fresh process: huggingface_hub reads HF_ENDPOINT / HF_HOME at import."""
-    code = ("import json, os, sys; from primus.compat.hub import fetch_tokenizer\n"
+    """fetch(..., "tokenizer") in a fresh process: huggingface_hub reads HF_ENDPOINT / HF_HOME at import."""
+    code = ("import json, os, sys; from primus.compat.hub import fetch\n"
             "from primus.config.errors import ConfigError\n"
             "try:\n"
-            f"    p = fetch_tokenizer({REPO!r}, key='tokenizer_model', local_rank={local_rank})\n"
+            f"    p = fetch({REPO!r}, 'tokenizer', key='tokenizer_model', local_rank={local_rank})\n"
             "    print(json.dumps({'path': str(p), 'files': sorted(os.listdir(p))}))\n"
             "except ConfigError as exc:\n"
             "    print(exc, file=sys.stderr); sys.exit(2)\n")
