@@ -34,12 +34,12 @@ def torchtitan(run_dir: Path, bare_argv: list[str]) -> dict:
 
     apply_patches()
     from benchmarks.bare import torchtitan_bare
-    from primus.backends.torchtitan.adapter import _with_tiny_assets
+    from primus.backends.torchtitan.recipes.pretrain import with_tiny_assets
     from primus.backends.torchtitan.config import build_trainer_config
 
     params = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())["modules"]["pre_trainer"]["params"]
     args = torchtitan_bare.parse_args(bare_argv)
-    primus_cfg, _, _ = build_trainer_config(_with_tiny_assets(params), run_dir=Path(args.dump).absolute(),
+    primus_cfg, _, _ = build_trainer_config(with_tiny_assets(params), run_dir=Path(args.dump).absolute(),
                                             device="cpu")
     bare_cfg = torchtitan_bare.build_config(args)
     # closures built per call differ only by address: compare everything else

@@ -1,6 +1,6 @@
 """One way for tests to find a run's files and to train a module through the real worker path.
 
-``train_worker`` (``primus.runtime.train``) is what every rank of ``primus train`` runs: it reads
+``train_worker`` (``primus.launch.rank``) is what every rank of ``primus train`` runs: it reads
 ``config.resolved.yaml``, rebuilds the adapter's plan and runs it. These helpers write that file
 for a bare params dict, so engine tests exercise the same code as ``primus train`` without an
 experiment file (no copy of the worker in the tests).
@@ -67,7 +67,7 @@ def _one_rank_env() -> Iterator[None]:
 
 def _worker_in_process(run_dir: Path, framework: str, params: dict[str, Any], stage: str, resume: bool) -> int:
     """The real worker (``train_worker``) as one rank, in this process; its exit code."""
-    from primus.runtime.train import train_worker
+    from primus.launch.rank import train_worker
 
     payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
     with _one_rank_env():
@@ -101,7 +101,7 @@ def train_with_torchrun(run_dir: Path, framework: str, params: dict[str, Any], *
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                 **(env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "primus.runtime.worker", "primus.runtime.train:train_worker", str(payload)]
+               "-m", "primus.runtime.worker", "primus.launch.rank:train_worker", str(payload)]
     result = subprocess.run(["timeout", "-k", "10", str(timeout), *command], capture_output=True, text=True,
                             env=full_env)
     (Path(run_dir) / "output.log").write_text(result.stdout + result.stderr)

@@ -60,30 +60,24 @@ def _assumptions(world: int, source: str, device: str | None) -> str:
 
 
 def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False,
-             world_size: int | None = None) -> tuple[str, int]:
-    """The text (or JSON) ``primus plan`` prints and its exit status (the assumptions line not included)."""
-    from primus.plan.diffusion import WanSpec
+             world_size: int | None = None, sizing=None) -> tuple[str, int]:
+    """The text (or JSON) ``primus plan`` prints and its exit status (the assumptions line not included).
+    ``sizing``: the plan's (``primus.plan.sizing``; default an LLM's)."""
     from primus.plan.layout import worst_level
+    from primus.plan.sizing import LLM
     from primus.preflight.thresholds import load_thresholds
 
+    sizing = sizing or LLM
     usable = load_thresholds(thresholds_path)["memory"]["usable_fraction"]
-    if isinstance(model, WanSpec):
-        from primus.plan.diffusion import check_wan_layout, format_wan_plan, make_wan_plan
-
-        problems, make, fmt = check_wan_layout(model, layout, world_size), make_wan_plan, format_wan_plan
-    else:
-        from primus.plan.estimate import format_plan, make_plan
-        from primus.plan.layout import check_layout
-
-        problems, make, fmt = check_layout(model, layout, world_size), make_plan, format_plan
+    problems = sizing.problems(model, layout, world_size)
     if worst_level(problems) == "fail":
         lines = [f"{p.level}: {p.message}" for p in problems]
         return ("\n".join(lines) if not as_json else json.dumps({"problems": [p.to_dict() for p in problems]}, indent=2)), 1
-    plan = make(model, layout, device, usable_fraction=usable)
+    plan = sizing.estimate(model, layout, device, usable_fraction=usable)
     code = 1 if plan.fits is False else 0
     if as_json:
         return json.dumps({**plan.to_dict(), "problems": [p.to_dict() for p in problems]}, indent=2), code
-    text = fmt(plan)
+    text = sizing.format(plan)
     if problems:
         text += "\n" + "\n".join(f"{p.level}: {p.message}" for p in problems)
     return text, code
@@ -97,9 +91,9 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
 
         device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
-    model, layout = load_experiment(args.exp, overrides, args.module, given)
+    sizing, model, layout = load_experiment(args.exp, overrides, args.module, given)
     world = given or layout.world_size
-    text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given)
+    text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given, sizing=sizing)
     if args.json:
         data = json.loads(text)
         text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device, **data}, indent=2)

@@ -4,9 +4,10 @@ AMD Primus's model presets name their tokenizer by Hub id, its SFT examples name
 from (``hf_path``) and the instruction data (``sft_dataset_name: tatsu-lab/alpaca``) the same way, and
 its blog says ``export HF_TOKEN=…``; here the same ids work: on each node local rank 0 downloads
 what the run reads with ``huggingface_hub`` (``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HOME`` honoured as
-usual) while the other local ranks wait for the files to appear in the cache. Without network the
-run stops with one line saying to point the key at a local directory. ``config validate``, ``plan``
-and ``--dry-run`` never download.
+usual) while the other local ranks wait for the files to appear in the cache. A run's launcher
+fetches what its plan names before any rank starts (each engine's recipe lists its keys and calls
+``localize``); without network it stops with one line saying to point the key at a local
+directory. ``config validate``, ``plan`` and ``--dry-run`` never download.
 """
 from __future__ import annotations
 
@@ -42,12 +43,12 @@ _KINDS = {"tokenizer": ("model", TOKENIZER_FILES, "the tokenizer"),
           "dataset": ("dataset", DATASET_FILES, "the dataset")}
 
 
-def _snapshot(repo_id: str, kind: str, *, local_files_only: bool) -> Path:
+def _snapshot(repo_id: str, kind: str, *, local_files_only: bool, token: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
     repo_type, files, _ = _KINDS[kind]
     return Path(snapshot_download(repo_id, repo_type=repo_type, allow_patterns=files,
-                                  local_files_only=local_files_only, token=os.environ.get("HF_TOKEN") or None))
+                                  local_files_only=local_files_only, token=token or os.environ.get("HF_TOKEN") or None))
 
 
 def _marker(repo_id: str, kind: str) -> Path:
@@ -58,9 +59,23 @@ def _marker(repo_id: str, kind: str) -> Path:
     return Path(constants.HF_HUB_CACHE) / ".primus-fetched" / name
 
 
-def fetch(repo_id: str, kind: str, *, key: str, local_rank: int = 0, wait_s: float = 1800.0) -> Path:
+def localize(params: dict, references: list[tuple[str, str]], *, token: str | None = None) -> list[tuple[str, str, str]]:
+    """``(key, local copy, reason)`` for each ``(key, kind)`` of ``references`` whose value in ``params``
+    is a Hub id, fetched into this node's HF cache (by its launcher, before any rank starts)."""
+    found = []
+    for key, kind in references:
+        reference = params.get(key)
+        if is_hub_id(reference):
+            path = fetch(reference, kind, key=key, token=token)
+            found.append((key, str(path), f"Hugging Face Hub '{reference}', fetched once into the HF cache"))
+    return found
+
+
+def fetch(repo_id: str, kind: str, *, key: str, local_rank: int = 0, wait_s: float = 1800.0,
+          token: str | None = None) -> Path:
     """The local snapshot directory of a Hub repo's ``kind`` files: tokenizer, model (weights too) or
-    dataset; downloaded once per node by local rank 0 while the others wait."""
+    dataset; downloaded once per node by local rank 0 while the others wait. ``token`` (else
+    ``HF_TOKEN``) opens gated repos."""
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
@@ -68,7 +83,7 @@ def fetch(repo_id: str, kind: str, *, key: str, local_rank: int = 0, wait_s: flo
                           f"pip install huggingface_hub, or point {key} at a local directory") from None
     marker = _marker(repo_id, kind)
     if local_rank == 0:
-        path = _download(repo_id, kind, key)
+        path = _download(repo_id, kind, key, token)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(str(path))
         return path
@@ -81,13 +96,13 @@ def fetch(repo_id: str, kind: str, *, key: str, local_rank: int = 0, wait_s: flo
         time.sleep(0.5)
 
 
-def _download(repo_id: str, kind: str, key: str) -> Path:
+def _download(repo_id: str, kind: str, key: str, token: str | None) -> Path:
     try:
-        return _snapshot(repo_id, kind, local_files_only=True)  # fetched before: no network needed
+        return _snapshot(repo_id, kind, local_files_only=True, token=token)  # fetched before: no network needed
     except Exception:
         pass
     try:
-        return _snapshot(repo_id, kind, local_files_only=False)
+        return _snapshot(repo_id, kind, local_files_only=False, token=token)
     except Exception as exc:  # offline, gated without HF_TOKEN, unknown repo: one line, no traceback
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         holding = {"tokenizer": "holding tokenizer.json", "model": "holding config.json and *.safetensors",

@@ -63,6 +63,13 @@ def tiny_assets_dir(params: dict) -> Path | None:
     return Path(value).expanduser().absolute() if value else None
 
 
+def built_by_prepare(path: str | Path, params: dict) -> bool:
+    """Is ``path`` one of the tiny files ``prepare`` builds under ``primus.tiny_assets`` (so a check
+    before launch does not look for it yet)?"""
+    root = tiny_assets_dir(params)
+    return root is not None and Path(path).expanduser().absolute().is_relative_to(root)
+
+
 def ensure_tiny_assets(root: Path, n_docs: int = 2000) -> dict[str, Path]:
     """Create ``root/tokenizer`` and ``root/corpus/data.jsonl`` once; reuse them afterwards."""
     root = Path(root)

@@ -1,14 +1,17 @@
 """A training job, as each node's launcher runs it. One story for node 0 and the others:
 
-1. validate everything (nothing is written before this passes);
-2. claim the run directory: node 0 locks it, applies the resume policy, prepares, writes the
-   resolved config and the payload, and opens an attempt in the manifest; a node > 0 waits for
-   node 0's payload of this attempt (shared filesystem) or writes its own copy;
+1. plan and validate everything (nothing is written before this passes);
+2. claim the run directory: node 0 locks it, applies the resume policy, prepares (builds the
+   assets the plan names, fetches what it names by Hub id, and re-plans from those local copies),
+   writes the resolved config and the payload, and opens an attempt in the manifest; a node > 0
+   waits for node 0's payload of this attempt (shared filesystem: then prepares its own Hub copies)
+   or prepares and writes its own copy;
 3. launch this node's workers, watching the peers of a multi-node job;
 4. record the end (node 0) and report: one ``[primus] FAILED`` line per failure, then one status line.
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sys
@@ -25,14 +28,14 @@ from primus.config.schema import PrimusOptions, validate_model
 from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, launch_workers, summarize_error
 from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
 from primus.launch.plan import LaunchPlan
+from primus.launch.rank import hand_over_plan
 from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
 from primus.runtime.checkpoints import newest_usable
 from primus.runtime.context import host_device
 from primus.runtime.registry import get_adapter
 from primus.runtime.rundir import INTERRUPTED, ExitCode, RunDir
-from primus.runtime.train import hand_over_plan
 
-TRAIN_TARGET = "primus.runtime.train:train_worker"
+TRAIN_TARGET = "primus.launch.rank:train_worker"
 DISK_FULL_BYTES = 16 * 2**20
 
 
@@ -53,14 +56,14 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     if require_engine:
         adapter.require_installed()
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
-    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,  # every backend's
-                   f"modules.{module.name}.primus")
     plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
                         device=host_device())
     if require_engine:
         adapter.import_engine()
+    # (admission: whether the plan fits the device it is about to run on belongs here, after the
+    # plan and before anything is prepared or written; validate, plan and --dry-run come through here)
     if check_paths:
-        adapter.check_inputs(plan, resolved.provenance)
+        plan.recipe.check_inputs(plan, resolved.provenance)
     return adapter, plan
 
 
@@ -82,6 +85,24 @@ class Job:
     def __post_init__(self) -> None:
         self.saved_tree, self.secret_env = self.resolved.saved_tree()
 
+    def prepare(self) -> None:
+        """The recipe's one-time work on this node; what it localised (a Hub id -> its local copy) goes
+        into the config the workers read, and the plan they run is re-planned from it and checked."""
+        localised = self.adapter.prepare(self.engine_plan, _say)
+        if not localised:
+            return
+        params = copy.deepcopy(self.module.params)
+        saved = self.saved_tree["modules"][self.module.name]
+        for item in localised:
+            _say(f"derived {item.key}={item.value} ({item.reason})")
+            _set_dotted(params, item.key, item.value)
+            _set_dotted(saved["params"], item.key, item.value)
+        saved["localised"] = [{"key": i.key, "value": str(i.value), "reason": i.reason} for i in localised]
+        module = ModuleConfig(self.module.name, self.module.framework, self.engine_plan.module.stage, params)
+        self.engine_plan = self.adapter.plan(module, self.plan.world_size, self.resolved.provenance,
+                                             run_dir=self.run_dir.path, device=host_device())
+        self.engine_plan.recipe.check_inputs(self.engine_plan, self.resolved.provenance)
+
     @property
     def who(self) -> str:
         """'' on node 0, 'node N ' on the others (the prefix of their status lines)."""
@@ -92,7 +113,7 @@ def validate_keys(resolved: ResolvedExperiment, module: ResolvedModule) -> bool:
     """Every key against the backend's own tables, without importing the engine (``validate --no-engine``).
     False where the backend's keys are the engine's own config classes (only the Primus block is checked)."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
-    if getattr(adapter, "plans_without_engine", False):
+    if adapter.plans_without_engine:
         plan_module(resolved, module, require_engine=False)
         return True
     adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
@@ -142,7 +163,7 @@ def _say(message: str) -> None:
 
 def _prepare_and_save(job: Job, resuming: bool) -> str:
     """Build what the run needs before any rank starts, then write what the workers read."""
-    job.adapter.prepare(job.engine_plan, _say)
+    job.prepare()
     config_hash = job.run_dir.write_config(job.saved_tree)
     job.run_dir.write_payload(module=job.module.name, resume=resuming, attempt=job.plan.rdzv_id)
     return config_hash
@@ -153,13 +174,15 @@ def _claim_as_node_zero(job: Job, resume: str) -> Iterator[None]:
     """Own the run dir for the launch: lock, resume policy, config, payload and a manifest attempt
     whose end is recorded however the launch ends (an interruption included)."""
     run_dir = job.run_dir
-    if run_dir.path.is_dir() and run_dir.decide_resume(resume):  # refuse before writing even the lock file
-        newest_usable(run_dir.checkpoints, warn=lambda _message: None)
+    pattern = job.engine_plan.checkpoint.step_pattern  # None: the engine checks its own checkpoints
+    if run_dir.path.is_dir() and run_dir.decide_resume(resume) and pattern:  # refuse before writing the lock file
+        newest_usable(run_dir.checkpoints, pattern, warn=lambda _message: None)
     run_dir.create()
     with run_dir.lock():
         resuming = run_dir.decide_resume(resume)
-        if resuming:  # a damaged newest checkpoint: fall back to an older one (moving it aside), or refuse
-            newest_usable(run_dir.checkpoints, warn=lambda message: _say(f"warning: {message}"), move_damaged=True)
+        if resuming and pattern:  # a damaged newest checkpoint: fall back to an older one (moving it aside), or refuse
+            newest_usable(run_dir.checkpoints, pattern, warn=lambda message: _say(f"warning: {message}"),
+                          move_damaged=True)
         config_hash = _prepare_and_save(job, resuming)
         run_dir.clear_preempted()
         try:  # from here on, the attempt's end is recorded however the launch ends
@@ -183,6 +206,7 @@ def _join_as_other_node(job: Job, resume: str) -> Iterator[None]:
     filesystem) writes its own copy of what its workers read."""
     if job.plan.shared_fs:
         wait_for_leader(job.run_dir, job.plan)
+        job.adapter.prepare(job.engine_plan, _say)  # this node's copies of what node 0 fetched (HF cache)
     else:
         job.run_dir.create()
         _prepare_and_save(job, resuming=resume != "never" and job.run_dir.checkpoints.is_dir())
@@ -205,6 +229,13 @@ def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
     if exit_code == ExitCode.PREEMPTED:
         return LaunchResult(exit_code, [])
     return LaunchResult(exit_code, lost + result.failures)
+
+
+def _set_dotted(tree: dict, dotted: str, value: object) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
 
 
 def _launcher_error(job: Job, exc: Exception) -> str:

@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
-    """(ModelSpec, ParallelLayout) of one module of an experiment, from its adapter's ``EnginePlan``."""
+    """(sizing, model, layout) of one module of an experiment, from its recipe's ``EnginePlan``."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
     from primus.runtime.registry import backend_defaults, backend_derived
@@ -45,11 +45,11 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
     _, plan = plan_module(resolved, module, world_size, require_engine=False)
-    if plan.model is None or plan.layout is None:
+    if plan.sizing is None or plan.model is None or plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
                           "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "
                           "a local pipeline with transformer/config.json or a known Hub name)")
-    return plan.model, plan.layout
+    return plan.sizing, plan.model, plan.layout
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -82,8 +82,8 @@ def _preflight(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.exp:  # the layout is judged against the job's world size (shard -1 fills it)
         from primus.preflight.checks.experiment import experiment_payload
 
-        model, layout = load_experiment(args.exp, overrides, args.module, plan_from_config(config).world_size)
-        experiment = experiment_payload(model, layout)
+        sizing, model, layout = load_experiment(args.exp, overrides, args.module, plan_from_config(config).world_size)
+        experiment = experiment_payload(sizing, model, layout)
     options = build_options(args, experiment)
     if executor in ("local", "multi-node"):
         plan = plan_from_config(config).with_port()

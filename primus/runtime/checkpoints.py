@@ -1,6 +1,7 @@
 """Is a checkpoint whole? Checked before resuming from it, the same way for every backend.
 
-TorchTitan writes ``checkpoints/step-N/`` and Megatron (torch_dist) ``checkpoints/iter_NNNNNNN/``:
+TorchTitan writes ``checkpoints/step-N/`` and Megatron (torch_dist) ``checkpoints/iter_NNNNNNN/``
+(each recipe's ``CheckpointSpec.step_pattern`` says which; by default any name then the step):
 both are ``torch.distributed.checkpoint`` directories whose ``.metadata`` (written last) names
 the file, offset and length of every saved tensor and object. A checkpoint is usable when its
 ``.metadata`` loads, every file it names exists and is at least as long as the data it must
@@ -26,7 +27,7 @@ from primus.config.errors import ConfigError
 
 logger = logging.getLogger("primus.checkpoints")
 
-LAYOUTS = {"torchtitan": re.compile(r"^step-(\d+)$"), "megatron": re.compile(r"^iter_(\d+)$")}
+STEP_DIR = r"[A-Za-z_.-]*?(\d+)"  # a checkpoint directory's name: letters, then its step number
 
 
 class UnusableCheckpoint(ConfigError):
@@ -77,16 +78,15 @@ def problem_of(path: Path) -> str | None:
     return None
 
 
-def checkpoints_in(root: Path, layout: str | None = None) -> list[tuple[int, Path]]:
-    """(step, directory) of every checkpoint directory under ``root``, newest first."""
-    patterns = [LAYOUTS[layout]] if layout else list(LAYOUTS.values())
+def checkpoints_in(root: Path, pattern: str = STEP_DIR) -> list[tuple[int, Path]]:
+    """(step, directory) of every checkpoint directory under ``root`` whose whole name matches
+    ``pattern`` (the step its first group), newest first."""
     found = []
     if Path(root).is_dir():
         for child in Path(root).iterdir():
-            for pattern in patterns:
-                match = pattern.match(child.name)
-                if match and child.is_dir():
-                    found.append((int(match.group(1)), child))
+            match = re.fullmatch(pattern, child.name)
+            if match and child.is_dir():
+                found.append((int(match.group(1)), child))
     return sorted(found, key=lambda item: item[0], reverse=True)
 
 
@@ -100,13 +100,13 @@ def set_aside(path: Path) -> Path:
     return target
 
 
-def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None = None,
+def newest_usable(root: Path, pattern: str = STEP_DIR, *, at_most: int | None = None,
                   warn: Callable[[str], None] | None = None, move_damaged: bool = False) -> int | None:
     """The step of the newest whole checkpoint under ``root`` (at most ``at_most``), or None when
     there is no checkpoint at all. Each newer, damaged one is named in a warning (and moved aside
     with ``move_damaged``); when every one is damaged, ``UnusableCheckpoint`` names the newest."""
     warn = warn or logger.warning
-    candidates = [(step, path) for step, path in checkpoints_in(root, layout) if at_most is None or step <= at_most]
+    candidates = [(step, path) for step, path in checkpoints_in(root, pattern) if at_most is None or step <= at_most]
     skipped: list[str] = []  # problems of the newer checkpoints, newest first
     damaged: list[tuple[Path, str]] = []  # those that finished saving and are broken since
     for step, path in candidates:

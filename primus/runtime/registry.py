@@ -1,7 +1,7 @@
 """Discover backend adapters through the ``primus.backends`` entry-point group.
 
-Third-party packages add a backend by declaring an entry point; nothing here imports an
-engine: adapters import their engine lazily inside their methods.
+Third-party packages add a backend by declaring an entry point (its adapter names its recipes);
+nothing here imports an engine: adapters and recipes import their engine inside their methods.
 """
 from __future__ import annotations
 
@@ -49,5 +49,10 @@ def backend_defaults(framework: str, stage: str, where_framework: str = "framewo
 def backend_derived(framework: str, params: dict, stage: str = "pretrain") -> list:
     """What the backend sets itself from ``params`` (e.g. ``primus.tiny_assets`` paths), as
     ``(dotted key, value, reason)``; resolution applies it last and records it as derived."""
-    derive = getattr(get_adapter(framework), "derived_params", None)
-    return derive(params, stage) if derive is not None else []
+    adapter = get_adapter(framework)
+    return adapter.derived_params(params, adapter.canonical_stage(stage))
+
+
+def recipe_table() -> dict[tuple[str, str], str]:
+    """(framework, stage) -> the recipe class that runs it, over every installed backend."""
+    return {(cls.name, stage): path for cls in adapter_classes() for stage, path in cls.recipes.items()}

@@ -36,13 +36,13 @@ def test_torchtitan_mixed_precision(cpu):
 
 
 def test_automodel_compute_dtype(cpu):
-    from primus.backends.nemo_automodel.config import build_handoff
+    from primus.backends.nemo_automodel.config import build_handoff, from_pipeline_spec
     from primus.runtime.adapter import CheckpointSpec, EnginePlan, ModuleConfig
 
     params = {"model": {"compute_dtype": "bfloat16", "pretrained_model_name_or_path": "/nonexistent/pipeline"}}
-    plan = EnginePlan(ModuleConfig("pre_trainer", "nemo_automodel", "pretrain", params), 1, None,
+    plan = EnginePlan(ModuleConfig("pre_trainer", "nemo_automodel", "pretrain", params), None, 1, None,
                       CheckpointSpec(Path("ckpt")))
-    cfg = build_handoff(params, stage="pretrain", checkpoint_dir=Path("ckpt"), dist_backend="gloo", plan=plan)
+    cfg = build_handoff(params, mode="pretrain", weights=from_pipeline_spec, checkpoint_dir=Path("ckpt"), dist_backend="gloo", plan=plan)
     lines = [d for d in plan.derived if d.key == "model.compute_dtype"]
     if cpu == "native":
         assert cfg["model"]["compute_dtype"] == "bfloat16" and not lines

@@ -78,7 +78,7 @@ def test_dry_run_prints_the_exact_command_and_writes_nothing(run_primus, workspa
     assert result.returncode == 0, result.stderr
     command = next(l for l in result.stdout.splitlines() if l.startswith("command:"))
     assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=2 --node-rank=0 --master-addr=127.0.0.1 " \
-           "--master-port=29555 --max-restarts=0 -m primus.runtime.worker primus.runtime.train:train_worker" in command
+           "--master-port=29555 --max-restarts=0 -m primus.runtime.worker primus.launch.rank:train_worker" in command
     assert not workspace.exists()
 
 
@@ -100,7 +100,7 @@ def test_run_pretrain_wrapper_is_primus_train(workspace, tiny_cache):
     result = subprocess.run(["bash", "examples/run_pretrain.sh", "--dry-run", "training.steps=3"], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "command:" in result.stdout and "primus.runtime.train:train_worker" in result.stdout
+    assert "command:" in result.stdout and "primus.launch.rank:train_worker" in result.stdout
     missing = subprocess.run(["bash", "examples/run_pretrain.sh"], cwd=ROOT, env={k: v for k, v in env.items()
                              if k != "EXP"}, capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "set EXP" in missing.stderr

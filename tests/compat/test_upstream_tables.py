@@ -72,7 +72,7 @@ def test_no_compat_rule_shadows_a_megatron_lm_argument():
 def _post_training_keys() -> set[str]:
     """AMD Primus's SFT keys the Megatron backend reads itself (hf_path, sft_dataset_name, ...; issue #15)."""
     try:
-        from primus.hf.megatron_start import KEYS
+        from primus.backends.megatron.post_training import KEYS
     except ImportError:
         return {"hf_path", "sft_dataset_name", "sft_conversation_format", "enable_packed_sequences"}
     return set(KEYS)

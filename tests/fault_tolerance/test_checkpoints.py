@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from primus.backends.megatron.checkpoint import ITERATION
+from primus.backends.torchtitan.recipes.common import STEP
 from primus.config.errors import ConfigError
 from primus.runtime.checkpoints import UnusableCheckpoint, checkpoints_in, newest_usable, problem_of
 from tests.conftest import TINY_EXAMPLE
@@ -62,14 +64,14 @@ def test_the_newest_damaged_one_is_skipped_with_a_warning_and_moved_aside(tmp_pa
     damaged_bytes = _shard(newest).read_bytes()
     (tmp_path / "step-6").mkdir()  # a save that never finished: no .metadata
     warnings: list[str] = []
-    assert newest_usable(tmp_path, "torchtitan", warn=warnings.append, move_damaged=True) == 2
+    assert newest_usable(tmp_path, STEP, warn=warnings.append, move_damaged=True) == 2
     assert any("step-6/.metadata is missing (the save did not finish)" in w for w in warnings)
     assert any(f"{newest / '__0_0.distcp'} is truncated" in w and f"resuming from {tmp_path / 'step-2'}" in w
                for w in warnings)
     moved = tmp_path / "step-4.damaged"
     assert any(f"moved the damaged checkpoint {newest} to {moved}" in w for w in warnings)
     assert _shard(moved).read_bytes() == damaged_bytes  # nothing deleted, nothing rewritten
-    assert [step for step, _ in checkpoints_in(tmp_path, "torchtitan")] == [6, 2]  # out of the engine's sight
+    assert [step for step, _ in checkpoints_in(tmp_path, STEP)] == [6, 2]  # out of the engine's sight
 
 
 def test_without_a_usable_one_resuming_is_refused_naming_the_file(tmp_path):
@@ -96,8 +98,8 @@ def test_megatron_layout_respects_the_tracker(tmp_path):
     newest = _save(tmp_path / "iter_0000006", megatron=True)
     _save(tmp_path / "iter_0000009", megatron=True)  # beyond the tracker: never picked
     (newest / "common.pt").write_bytes(b"PK\x03\x04 cut")
-    assert newest_usable(tmp_path, "megatron", at_most=6, warn=lambda _: None) == 3
-    assert newest_usable(tmp_path, "torchtitan") is None  # layouts do not mix
+    assert newest_usable(tmp_path, ITERATION, at_most=6, warn=lambda _: None) == 3
+    assert newest_usable(tmp_path, STEP) is None  # layouts do not mix
 
 
 @pytest.mark.e2e

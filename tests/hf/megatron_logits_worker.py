@@ -35,10 +35,10 @@ def model_from_hf(hf_dir: Path, tp: int, ep: int = 1):
     """(args, config, chunks): the model built and filled from ``hf_dir`` as the trainer does it."""
     import torch.distributed as dist
 
-    from primus.backends.megatron.adapter import megatron_params
     from primus.backends.megatron.arguments import parse_args
     from primus.backends.megatron.model import Derived, build_model, padded_vocab_size, transformer_config
-    from primus.hf.megatron_start import post_training
+    from primus.backends.megatron.params import megatron_params
+    from primus.backends.megatron.post_training import MegatronPostTraining
 
     params = {"hf_path": str(hf_dir), "seq_length": 16, "train_iters": 1, "lr": 0.0, "tensor_model_parallel_size": tp,
               **({"expert_model_parallel_size": ep} if ep > 1 else {}),
@@ -47,7 +47,7 @@ def model_from_hf(hf_dir: Path, tp: int, ep: int = 1):
     config = transformer_config(args, on_gpu=False, derived=Derived())
     chunks = build_model(args, config, padded_vocab_size(args.vocab_size, args), use_te=False)
     ctx = type("Ctx", (), {"logger": logging.getLogger("worker"), "rank": dist.get_rank()})()
-    post_training(params, "pretrain").load_weights(chunks, ctx)
+    MegatronPostTraining(Path(hf_dir).absolute(), None, str(hf_dir)).load_weights(chunks, ctx)
     return args, config, chunks
 
 

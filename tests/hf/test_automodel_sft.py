@@ -18,7 +18,7 @@ def _held_out_loss(model_dir, data, tokenizer_dir) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from primus.data.sft_automodel import SFTDatasetConfig
+    from primus.backends.nemo_automodel.sft_data import SFTDatasetConfig
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     items = SFTDatasetConfig(path=str(data), tokenizer_path=str(tokenizer_dir), split="valid", seq_length=64).build()

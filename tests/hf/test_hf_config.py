@@ -60,7 +60,7 @@ def test_shape_mismatch_names_the_tensor_and_both_shapes(hf_models):
 
 def test_megatron_qkv_layout_groups_heads_and_inverts_exactly():
     torch = pytest.importorskip("torch")
-    from primus.hf.megatron import _qkv, _split_qkv
+    from primus.backends.megatron.hf_adapter import _qkv, _split_qkv
     from primus.plan.model import ModelSpec
 
     spec = ModelSpec(n_layers=1, dim=8, n_heads=4, n_kv_heads=2, vocab_size=16, head_dim=2)
@@ -80,7 +80,7 @@ def test_megatron_rules_invert_exactly(family, shape, hf_models):
     torch = pytest.importorskip("torch")
     from primus.hf.checkpoint import HFCheckpoint, check_against_spec
     from primus.hf.config import model_spec_from_hf
-    from primus.hf.megatron import LAYER, MegatronHFMapping, megatron_to_hf
+    from primus.backends.megatron.hf_adapter import LAYER, MegatronHFMapping, megatron_to_hf
 
     checkpoint = HFCheckpoint(hf_models(family, **shape))
     spec = model_spec_from_hf(checkpoint.config)

@@ -88,7 +88,7 @@ def test_packing_keeps_documents_apart_and_drops_what_does_not_fit(tokenizer):
 def test_megatron_items_mask_attention_across_documents(tokenizer):
     pytest.importorskip("torch")
     from primus.data.sft import SFTSequences, build_sequences, tokenize
-    from primus.data.sft_megatron import MegatronSFTDataset
+    from primus.backends.megatron.sft_data import MegatronSFTDataset
 
     examples = [tokenize({"prompt": "Hi", "response": "Yo."}, tokenizer) for _ in range(2)]
     rows, _ = build_sequences(examples, seq_len=32, pad_id=tokenizer.pad_token_id, packing=True)

@@ -1,47 +1,12 @@
 """The Megatron backend: megatron-core's GPTModel, DDP, optimizer, schedules and dist_checkpointing,
-configured with Megatron-LM argument names."""
+configured with Megatron-LM argument names. Its recipes: ``recipes/`` (the table below)."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from primus.config.errors import ConfigError
-from primus.data.tiny_assets import tiny_assets_dir
-from primus.hf.megatron_start import (check_post_training_inputs, hf_checkpoint_spec, is_post_training,
-                                     post_training, strip_post_training)
-from primus.plan.flops import flops_per_token
-from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
-
-if TYPE_CHECKING:
-    from primus.config.provenance import Provenance
-    from primus.runtime.context import RunContext
-
-TINY_PREFIX = "megatron/tiny_text_document"  # under primus.tiny_assets
-
-
-def megatron_params(params: dict[str, Any], derived: list[tuple[str, Any, str]] | None = None) -> dict[str, Any]:
-    """The Megatron arguments in ``params``: the ``primus:`` block is Primus' own.
-
-    ``primus.tiny_assets: DIR`` points the tokenizer and data at the locally built tiny corpus
-    (``prepare`` builds it, tokenized into ``DIR/megatron/tiny_text_document.bin/.idx``).
-    """
-    params = dict(params)
-    extra = params.pop("primus", None) or {}
-    params.pop("lora", None)  # Primus's LoRA block (primus/backends/megatron/lora.py), not a Megatron-LM argument
-    # the block itself is checked against primus.config.schema.PrimusOptions before launch
-    root = tiny_assets_dir({"primus": extra})
-    # [#15 SFT/HF hook] hf_path / sft_* keys are Primus' (primus/hf/megatron_start.py): taken out here;
-    # such a run names its files itself, so primus.tiny_assets only builds them (prepare), never overrides.
-    names_its_files = is_post_training(params)
-    params = strip_post_training(params, derived, tiny_root=root)
-    if root is not None and not names_its_files:
-        params.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / "tokenizer"),
-                      data_path=[str(root / TINY_PREFIX)], mock_data=False)
-        if derived is not None:
-            derived += [(key, params[key], "primus.tiny_assets")
-                        for key in ("tokenizer_type", "tokenizer_model", "data_path", "mock_data")]
-    return params
+from primus.runtime.adapter import BackendAdapter
 
 
 class MegatronAdapter(BackendAdapter):
@@ -49,144 +14,22 @@ class MegatronAdapter(BackendAdapter):
     distribution = "megatron-core"
     import_probe = "megatron.core.models.gpt"
     extra = "megatron"
-    stages = ("pretrain", "sft")
-    stage_aliases = {"train": "pretrain"}
+    recipes = {
+        "pretrain": "primus.backends.megatron.recipes.pretrain:MegatronPretrain",
+        "sft": "primus.backends.megatron.recipes.sft:MegatronSFT",
+        "lora": "primus.backends.megatron.recipes.lora:MegatronLoRA",  # around pretrain or sft: `lora: {enabled: true}`
+    }
     data_commands = ("primus.backends.megatron.data_cli",)
     plans_without_engine = True  # plan() reads Megatron-LM's argument table only: `config validate --no-engine`
 
-    def defaults(self, stage: str) -> dict[str, Any]:
-        from primus.backends.megatron.arguments import default_args
+    def wants_lora(self, params: Mapping[str, Any]) -> bool:
+        """AMD Primus's ``lora:`` block, enabled (a block that does not parse goes to the LoRA recipe,
+        which names the wrong key)."""
+        if "lora" not in params:
+            return False
+        from primus.backends.megatron.lora import parse_lora
 
-        return default_args()
-
-    def plan(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
-             run_dir: Path | None = None, device: str = "cpu") -> EnginePlan:
-        """Megatron-LM arguments, parsed once; the layout checked against ``world_size`` when known."""
-        from primus.backends.megatron.arguments import check_parallel_layout, parse_args
-        from primus.backends.megatron.plan import describe
-        from primus.config.provenance import Provenance
-        from primus.config.schema import PrimusOptions, validate_model
-
-        validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
-                       f"modules.{module.name}.primus")
-        # [#15] stage sft needs instruction data, and the post-training keys their types
-        post_training(module.params, module.stage, prefix=f"modules.{module.name}", provenance=provenance)
-        if is_post_training(module.params) and tiny_assets_dir(module.params) is not None:
-            _build_tiny_sft_assets(module, lambda message: None)  # [#15] the files the run names exist from here on
-        derived: list[tuple[str, Any, str]] = []
-        args = parse_args(megatron_params(module.params, derived), module=module.name, provenance=provenance)
-        lora = _check_lora(module, args, provenance)
-        if args.bf16 and not device.startswith("cuda"):  # perf (#17): bf16 only where the CPU has bf16 units
-            from primus.plan.devices import cpu_bf16_decision
-
-            keep, reason = cpu_bf16_decision()
-            if not keep:
-                args.bf16 = False
-                derived.append(("bf16", False, reason))
-        if world_size is not None:
-            check_parallel_layout(args, world_size, module=module.name)
-        model, layout = describe(args, module.params.get("model"), world_size)
-        save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
-        checkpoint = hf_checkpoint_spec(module.params, save) or CheckpointSpec(save, load=args.load)  # [#15]
-        plan = EnginePlan(module, world_size, args, checkpoint, model, layout,
-                          flops_per_token=flops_per_token(model, args.seq_length) if model else None)
-        for key, value, reason in derived:
-            plan.derive(key, value, reason)
-        if lora is not None:
-            base = "" if module.params.get("hf_path") else " (no hf_path: the frozen base is megatron-core's random init)"
-            plan.derive("lora", lora.describe(), f"adapters y = W x + {lora.scale:g} * B A x on megatron-core's linears "
-                        f"(alpha / dim); every base weight frozen{base}")
-        return plan
-
-    def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
-        # meg: an argument that cannot be honoured here stops a real run now (exit 2, one line), before
-        # any rank starts; config validate / plan / --dry-run never call this (the file is valid Megatron-LM)
-        from primus.backends.megatron.support import run_time_notes
-
-        run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
-        root = tiny_assets_dir(plan.module.params)
-        if root is not None and is_post_training(plan.module.params):  # [#15 SFT/HF hook]
-            _build_tiny_sft_assets(plan.module, log)
-            return
-        if root is None or (root / f"{TINY_PREFIX}.idx").exists():
-            return
-        from primus.data.indexed import build_indexed_dataset
-        from primus.data.tiny_assets import ensure_tiny_assets
-
-        log(f"building the tiny tokenizer, corpus and Megatron .bin/.idx in {root} (primus.tiny_assets)")
-        assets = ensure_tiny_assets(root)
-        build_indexed_dataset(assets["corpus_file"], assets["tokenizer"], root / TINY_PREFIX)
-
-    def derived_params(self, params: dict[str, Any], stage: str = "pretrain") -> list[tuple[str, Any, str]]:
-        """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18)."""
-        if is_post_training(params):  # names its own files; the HF config.json is read at plan time (derived lines)
-            return []
-        derived: list[tuple[str, Any, str]] = []
-        megatron_params(params, derived)
-        return derived
-
-    def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
-        if is_post_training(plan.module.params):  # [#15 SFT/HF hook] HF tensors vs the model, instruction files
-            check_post_training_inputs(plan, provenance=provenance)
-        from primus.compat.hub import is_hub_id
-
-        if tiny_assets_dir(plan.module.params) is not None:
-            return  # built by prepare() before the ranks start
-        from primus.backends.megatron.data import DATA_KEYS, data_prefixes
-
-        args, prefix = plan.engine_config, f"modules.{plan.module.name}"
-        checks = []
-        if args.tokenizer_model and not is_hub_id(args.tokenizer_model):  # a Hub id: fetched when the run starts
-            checks.append(("tokenizer_model", Path(args.tokenizer_model)))
-        # data_path and train/valid/test_data_path
-        checks += [(key, Path(f"{p}.idx"))
-                   for key, p in data_prefixes({key: getattr(args, key) for key in (*DATA_KEYS, "mock_data")})]
-        if args.load:
-            checks.append(("load", Path(args.load)))
-        for key, path in checks:
-            if not path.exists():
-                full = f"{prefix}.{key}"
-                where = f"{provenance.describe(full)}: " if provenance is not None else ""
-                raise ConfigError(f"{where}{full}: {path} does not exist")
-
-    def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
-        self.require_installed()
-        plan.log_derived(ctx)
-        if not ctx.device.startswith("cuda"):
-            from primus.backends.megatron.cpu_patches import apply_cpu_patches
-
-            applied = apply_cpu_patches()
-            if applied:
-                ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
-        from primus.backends.megatron.trainer import train
-
-        from primus.backends.megatron.lora import lora_of
-
-        prefix = f"modules.{plan.module.name}"
-        post = post_training(plan.module.params, plan.module.stage, prefix=prefix)
-        lora = lora_of(plan.module.params, prefix)
-        train(plan.engine_config, ctx, plan.module.name, post, lora)  # [#15 SFT/HF hook] post: HF weights / instructions
-
-
-def _check_lora(module: ModuleConfig, args, provenance):
-    """The ``lora`` block's keys, and what LoRA needs: no sequence parallelism. Any stage, with or without
-    ``hf_path`` (AMD's 4-layer LoRA benchmarks adapt a randomly initialised base: the plan says so)."""
-    from primus.backends.megatron.lora import lora_of
-
-    prefix = f"modules.{module.name}"
-    lora = lora_of(module.params, prefix, provenance)
-    if lora is None:
-        return
-    where = f"{provenance.describe(prefix + '.lora')}: " if provenance is not None else ""
-    if args.sequence_parallel:
-        raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
-                          "(set sequence_parallel: false)")
-    return lora
-
-
-def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:
-    from primus.hf.tiny import ensure_tiny_sft_assets
-
-    root = tiny_assets_dir(module.params)
-    log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
-    ensure_tiny_sft_assets(root)
+        try:
+            return parse_lora(params["lora"], "lora").enabled
+        except ConfigError:
+            return True

@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 TRACKER = "latest_checkpointed_iteration.txt"
+ITERATION = r"iter_(\d+)"  # the name of one saved step (what ``iteration_dir`` writes)
 
 
 def iteration_dir(root: Path, iteration: int) -> Path:
@@ -185,7 +186,7 @@ def _load_checkpoint(root: Path, chunks, optimizer, scheduler, *, use_distribute
         raise FileNotFoundError(f"no {TRACKER} under {root}")
     from primus.runtime.checkpoints import newest_usable  # (rel, #16) skip a damaged newest checkpoint
 
-    iteration = newest_usable(root, "megatron", at_most=iteration)
+    iteration = newest_usable(root, ITERATION, at_most=iteration)
     if iteration is None:
         raise FileNotFoundError(f"no finished checkpoint under {root}")
     source = iteration_dir(root, iteration)

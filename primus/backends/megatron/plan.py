@@ -186,7 +186,7 @@ def plan_inputs(params: dict[str, Any], world_size: int | None = None):
 
     A neutral ``model:`` block is translated by ``parse_args``; its informational keys
     (``family``, ``embedding_init_std``) are kept."""
-    from primus.backends.megatron.adapter import megatron_params
+    from primus.backends.megatron.params import megatron_params
     from primus.backends.megatron.arguments import parse_args
 
     args = parse_args(megatron_params(params))

@@ -113,7 +113,7 @@ def set_random_seed(args: MegatronArgs) -> None:
 class MegatronTrainer:
     def __init__(self, args: MegatronArgs, ctx, module: str = "pre_trainer", post=None, lora=None):
         self.args, self.ctx, self.module = args, ctx, module
-        self.post = post  # [#15] primus.hf.megatron_start.MegatronPostTraining: HF weights, instruction data
+        self.post = post  # [#15] primus.backends.megatron.post_training.MegatronPostTraining: HF weights, instruction data
         self.lora = lora  # primus.backends.megatron.lora.LoRAConfig (enabled) or None
         self.owns_process_group = False
 

@@ -6,7 +6,8 @@ The transformer's shapes are not YAML keys in AutoModel: they live in the pipeli
 Primus builds), else from the published Wan 2.2 config by its Hub name, else from the tiny
 pipeline's builder settings when ``primus.tiny_assets`` will build it. The sample shape comes
 from the latent cache when it exists (frames, bucket resolution), else from
-``data.dataloader.base_resolution`` and Wan's 81 frames.
+``data.dataloader.base_resolution`` and Wan's 81 frames; the tiny cache is described by its
+builder's settings whether it is built yet or not (a plan is the same before and after ``prepare``).
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def wan_spec(params: dict[str, Any]) -> WanSpec:
     name = str(model.get("pretrained_model_name_or_path") or "")
     expert = EXPERTS.get(str(model.get("stage") or "high_noise").lower(), "transformer")
     local = Path(name).expanduser() if name else None
+    root = tiny_assets_dir(params)
+    if root is not None and (local is None or local.absolute() == root / "pipeline"):
+        from primus.data.diffusion.tiny import TINY_TRANSFORMER  # the pipeline prepare builds, built yet or not
+
+        return WanSpec.from_transformer_config(TINY_TRANSFORMER, experts=2, name=f"tiny Wan 2.2 ({expert})")
     if local is not None and (local / expert / "config.json").is_file():
         config = json.loads((local / expert / "config.json").read_text())
         experts = sum((local / sub / "config.json").is_file() for sub in EXPERTS.values()) or 1
@@ -53,13 +59,15 @@ def wan_spec(params: dict[str, Any]) -> WanSpec:
 def clip_shape(params: dict[str, Any]) -> ClipShape:
     loader = (params.get("data") or {}).get("dataloader") or {}
     cache = loader.get("cache_dir")
-    if cache:
+    root = tiny_assets_dir(params)
+    tiny_cache = root is not None and (not cache or Path(str(cache)).expanduser().absolute() == root / "cache")
+    if cache and not tiny_cache:
         first = _first_cached_sample(Path(str(cache)).expanduser())
         if first is not None:
             width, height = first["bucket_resolution"]
             return ClipShape(int(width), int(height), int(first.get("num_frames", 81)), source=f"latent cache {cache}")
     width, height = loader.get("base_resolution") or (832, 480)
-    if tiny_assets_dir(params):  # the cache `primus.tiny_assets` will build: 9-frame clips
+    if tiny_cache:  # the cache `primus.tiny_assets` builds (before the run or already): 9-frame clips
         return ClipShape(int(width), int(height), frames=9, source="the tiny latent cache Primus builds")
     return ClipShape(int(width), int(height), source="data.dataloader.base_resolution, Wan's 81 frames")
 

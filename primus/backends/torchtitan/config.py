@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import functools
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from primus.backends.torchtitan.model import ATTENTION_BACKENDS, build_model_spe
 from primus.backends.torchtitan.ranges import check_ranges, non_finite_numbers
 
 PRIMUS_KEYS = ("model", "attn_backend", "primus")
+# (Trainer.Config, attention backend, fail(key, message) -> ConfigError) -> derived settings
+Finish = Callable[[Any, str, Callable[[str, str], ConfigError]], list[tuple[str, Any, str]]]
 OWNED_BY_PRIMUS = {"dump_folder": "the run directory", "model_spec": "the `model:` preset"}
 OPTIMIZER_SHORTCUTS = ("name", "lr", "betas", "eps", "weight_decay")
 AC_MODES = ("selective", "full", "memory_budget", "none")
@@ -222,8 +225,11 @@ def _activation_checkpoint(cfg: Any, section: dict[str, Any], ctx: BuildContext)
 
 def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
                          provenance: Provenance | None = None, prefix: str = "modules.pre_trainer",
-                         stage: str = "pretrain"):
-    """Return ``(Trainer.Config, ModelSpec, derived settings)``; raises ConfigError."""
+                         dataloader: Any = None, finish: Finish | None = None):
+    """Return ``(Trainer.Config, ModelSpec, derived settings)``; raises ConfigError.
+
+    ``dataloader``: the dataloader ``Config`` the section's keys apply to (default: TorchTitan's text
+    dataloader); ``finish(cfg, attn_backend, fail)``: the recipe's last word on the final values."""
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer
@@ -235,12 +241,7 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         if key in params:
             raise ctx.fail(key, f"is set by Primus ({owner}); remove it")
     attn = _attn_backend(params, device, ctx)
-    if stage == "sft":  # [#15] instruction data: primus/data/sft_torchtitan.py (its keys are its Config's fields)
-        from primus.hf.torchtitan_start import sft_dataloader_config
-
-        cfg = Trainer.Config(dataloader=sft_dataloader_config())
-    else:
-        cfg = Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())
+    cfg = Trainer.Config(dataloader=dataloader if dataloader is not None else HuggingFaceTextDataLoader.Config())
     cfg.model_spec, spec = _model(params, attn, ctx)
     if hasattr(cfg.model_spec.model, "_primus_hf_config"):  # transformers backend: its Config carries hf_model
         from primus.backends.torchtitan.hooks import PrimusHFTrainer, _as
@@ -272,10 +273,8 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         cfg.__post_init__()  # the engine's own cross-field invariants, on the final values
     except ValueError as exc:
         raise ConfigError(f"{ctx.where('training')}: {ctx.prefix}: {exc}") from None
-    if stage == "sft":  # [#15] validator on the held-out split; packing only with document-aware attention
-        from primus.hf.torchtitan_start import finish_sft_config
-
-        ctx.derived += finish_sft_config(cfg, attn, ctx.fail)
+    if finish is not None:
+        ctx.derived += finish(cfg, attn, ctx.fail)
     return cfg, spec, ctx.derived
 
 

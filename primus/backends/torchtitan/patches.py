@@ -61,10 +61,22 @@ def _cpu_device_module() -> types.ModuleType:
 def cpu_device_type() -> None:
     """torchtitan.tools.utils computes ``device_type = ... or "cuda"`` at import, so a
     CPU-only host gets "cuda" and ``torch.cuda.set_device`` fails. Point it at the CPU
-    (the distributed backend then follows: cpu -> gloo)."""
+    (the distributed backend then follows: cpu -> gloo), in every TorchTitan module that
+    imported the names already (a plan imports TorchTitan before any patch applies)."""
     import torchtitan.tools.utils as utils
 
-    utils.device_type, utils.device_module = "cpu", _cpu_device_module()
+    old_type, old_module = utils.device_type, utils.device_module
+    if old_type == "cpu":
+        return
+    cpu = _cpu_device_module()
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torchtitan" or name.startswith("torchtitan.")):
+            continue
+        names = vars(module)
+        if names.get("device_type") == old_type:
+            module.device_type = "cpu"
+        if names.get("device_module") is old_module:
+            module.device_module = cpu
 
 
 class _Permissive:

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from primus.backends.megatron.adapter import MegatronAdapter, megatron_params
+from primus.backends.megatron.adapter import MegatronAdapter
+from primus.backends.megatron.params import megatron_params
 from primus.backends.megatron.arguments import (
     TRANSLATED_KEYS,
     check_parallel_layout,

@@ -56,7 +56,7 @@ def _analytic_trainable(hf_dir: Path) -> int:
 
 
 def _checkpoint_tensors(run_dir: Path) -> dict:
-    from primus.hf.export import read_dcp_tensors
+    from primus.backends.checkpoint_io import read_dcp_tensors
 
     iters = sorted((run_dir / "checkpoints").glob("iter_*"))
     return read_dcp_tensors(iters[-1], lambda key: not key.startswith(("optimizer", "rng_state")))
@@ -80,7 +80,7 @@ def lora_run(hf_llama, instructions, tmp_path_factory):
 @pytest.mark.e2e
 def test_lora_sft_trains_only_the_adapters(lora_run, hf_llama):
     from primus.hf.checkpoint import HFCheckpoint
-    from primus.hf.megatron import megatron_to_hf
+    from primus.backends.megatron.hf_adapter import megatron_to_hf
     from primus.hf.config import model_spec_from_hf
 
     run_dir, records = lora_run

@@ -42,7 +42,7 @@ def resolve_example(path: Path, **overrides) -> tuple[str, dict]:
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> Path:
-    from primus.backends.nemo_automodel.adapter import ensure_tiny_assets
+    from primus.backends.nemo_automodel.recipes.diffusion import ensure_tiny_assets
 
     root = tmp_path_factory.mktemp("wan2_2_tiny")
     ensure_tiny_assets(root, print)  # what a fresh `primus train` does in its launcher

@@ -9,7 +9,7 @@ import pytest
 
 from primus.backends.nemo_automodel import schema
 from primus.backends.nemo_automodel.adapter import AutoModelAdapter
-from primus.backends.nemo_automodel.config import build_handoff
+from primus.backends.nemo_automodel.config import build_handoff, from_pipeline_spec, from_pretrained
 from primus.config.errors import ConfigError
 from primus.runtime.adapter import CheckpointSpec, EnginePlan, ModuleConfig
 from tests.backends.nemo_automodel.conftest import resolve_example
@@ -19,8 +19,9 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "nemo_auto
 
 def _handoff(params, stage="pretrain"):
     module = ModuleConfig("pre_trainer", "nemo_automodel", stage, params)
-    plan = EnginePlan(module, 1, None, CheckpointSpec(Path("/run/checkpoints")))
-    return build_handoff(params, stage=stage, checkpoint_dir=Path("/run/checkpoints"), dist_backend="gloo", plan=plan)
+    plan = EnginePlan(module, None, 1, None, CheckpointSpec(Path("/run/checkpoints")))
+    weights = from_pipeline_spec if stage == "pretrain" else from_pretrained
+    return build_handoff(params, mode=stage, weights=weights, checkpoint_dir=Path("/run/checkpoints"), dist_backend="gloo", plan=plan)
 
 
 def _plan(params, stage="pretrain"):

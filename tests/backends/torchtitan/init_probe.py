@@ -21,14 +21,14 @@ def main() -> None:
         if patch.name != without and patch.applies():
             patch.apply()
 
-    from primus.backends.torchtitan.adapter import _with_tiny_assets, register_local_datasets
+    from primus.backends.torchtitan.recipes.pretrain import register_local_datasets, with_tiny_assets
     from primus.backends.torchtitan.config import build_trainer_config
     from primus.data.tiny_assets import ensure_tiny_assets, tiny_assets_dir
 
     params = json.loads(params_file.read_text())
     ensure_tiny_assets(tiny_assets_dir(params))
     register_local_datasets()
-    cfg, _, _ = build_trainer_config(_with_tiny_assets(params), run_dir=out.parent / "run", device="cpu")
+    cfg, _, _ = build_trainer_config(with_tiny_assets(params), run_dir=out.parent / "run", device="cpu")
     trainer = cfg.build()
     full, local = {}, {}
     for part in trainer.model_parts:

@@ -8,8 +8,8 @@ them is a Megatron-LM argument, so they are taken out of the module section befo
 * ``hf_path``: the HF model folder. Without a ``model:`` preset or shape keys the network is read
   from its ``config.json``; the tokenizer defaults to it. The weights are copied, sharded for
   this rank's TP/PP/EP position, into megatron-core's parameters before DDP and the optimizer
-  are built (``primus.hf.megatron``).
-* ``stage: sft`` + ``sft_dataset_name``: instruction JSONL (``primus.data.sft``), loss on
+  are built (``primus.backends.megatron.hf_adapter``).
+* ``sft_dataset_name`` (the sft recipe reads it): instruction JSONL (``primus.data.sft``), loss on
   response tokens only, padded or packed, with a validation split evaluated every
   ``eval_interval``.
 
@@ -55,7 +55,9 @@ def is_post_training(params: dict[str, Any]) -> bool:
 
 @dataclass
 class MegatronPostTraining:
-    hf_path: Path | str | None  # a str: a Hub id (validate / plan / dry-run; a run reads the local copy)
+    """What a Megatron run starting from HF weights and/or training on instructions reads (in its plan)."""
+
+    hf_path: Path | str | None  # a str: a Hub id (validate / plan / dry-run; prepare fetches it)
     sft: SFTDataSpec | None
     tokenizer_dir: str | None
 
@@ -63,9 +65,9 @@ class MegatronPostTraining:
         """Fill the (unwrapped) GPTModel chunks from ``hf_path``; says which checkpoint it loaded."""
         if self.hf_path is None:
             return
+        from primus.backends.megatron.hf_adapter import load_hf_into_megatron
         from primus.hf.checkpoint import HFCheckpoint
         from primus.hf.config import model_spec_from_hf
-        from primus.hf.megatron import load_hf_into_megatron
 
         checkpoint = HFCheckpoint(self.hf_path)
         spec = model_spec_from_hf(checkpoint.config, f"{self.hf_path}/config.json")
@@ -76,8 +78,8 @@ class MegatronPostTraining:
 
     def datasets(self, seq_length: int, seed: int, ctx):
         """(train, valid) Megatron datasets of the instruction data."""
+        from primus.backends.megatron.sft_data import MegatronSFTDataset
         from primus.data.sft import build_splits, describe, load_tokenizer
-        from primus.data.sft_megatron import MegatronSFTDataset
 
         tokenizer = load_tokenizer(self.tokenizer_dir)
         spec = self.sft.model_copy(update={"seed": seed})
@@ -89,7 +91,8 @@ class MegatronPostTraining:
         return MegatronSFTDataset(train, pad), (MegatronSFTDataset(valid, pad) if valid is not None else None)
 
 
-def _keys(params: dict[str, Any], prefix: str, provenance=None) -> MegatronPostTrainingKeys:
+def read_keys(params: dict[str, Any], prefix: str, provenance=None) -> MegatronPostTrainingKeys:
+    """The post-training keys of a section, typed; a wrong value is one line naming the key."""
     present = {k: params[k] for k in KEYS if k in params}
     try:
         return MegatronPostTrainingKeys(**present)
@@ -100,30 +103,35 @@ def _keys(params: dict[str, Any], prefix: str, provenance=None) -> MegatronPostT
         raise ConfigError(f"{where}{key}={error.get('input')!r}: {error['msg']}") from None
 
 
+def instruction_spec(keys: MegatronPostTrainingKeys) -> SFTDataSpec:
+    """The instruction data the sft recipe reads (``sft_dataset_name`` and its companions)."""
+    return SFTDataSpec(path=keys.sft_dataset_name, valid_path=keys.sft_valid_dataset_name,
+                       valid_fraction=keys.sft_valid_fraction, conversation_format=keys.sft_conversation_format,
+                       packing=keys.enable_packed_sequences)
+
+
 def strip_post_training(params: dict[str, Any], derived: list | None = None, *, prefix: str = "modules.pre_trainer",
                         provenance=None, tiny_root: Path | None = None) -> dict[str, Any]:
     """``params`` without the post-training keys, with what ``hf_path`` implies filled in:
     the ``model:`` block from its config.json (when the network is not described otherwise) and the
     tokenizer; an SFT run reads no pretraining ``data_path``. An ``hf_path`` inside ``tiny_root``
-    (``primus.tiny_assets``) that does not exist yet is built first: its config.json is the model."""
-    keys = _keys(params, prefix, provenance)
+    (``primus.tiny_assets``) that is not built yet is read as the model ``prepare`` will build there."""
+    keys = read_keys(params, prefix, provenance)
     params = {k: v for k, v in params.items() if k not in KEYS}
     note = derived.append if derived is not None else (lambda item: None)
     if keys.hf_path:
-        from primus.hf.config import model_spec_from_hf, read_config
+        from primus.hf.config import model_spec_from_hf
+        from primus.hf.tiny import hf_config
 
         hf_dir = Path(keys.hf_path).expanduser()
         if params.get("model") is None and not any(params.get(k) for k in _SHAPE_KEYS):
-            if not (hf_dir / "config.json").is_file() and tiny_root is not None \
-                    and hf_dir.absolute().is_relative_to(tiny_root):
-                from primus.hf.tiny import ensure_tiny_sft_assets
-
-                ensure_tiny_sft_assets(tiny_root)
-            if not (hf_dir / "config.json").is_file():
+            try:
+                config = hf_config(hf_dir, tiny_root)
+            except ConfigError:
                 where = f"{provenance.describe(prefix + '.hf_path')}: " if provenance is not None else ""
                 raise ConfigError(f"{where}{prefix}.hf_path: {hf_dir} has no config.json (a Hugging Face model "
-                                  "folder), and no model preset describes the network")
-            spec = model_spec_from_hf(read_config(hf_dir), f"{prefix}.hf_path: {hf_dir}/config.json")
+                                  "folder), and no model preset describes the network") from None
+            spec = model_spec_from_hf(config, f"{prefix}.hf_path: {hf_dir}/config.json")
             params["model"] = spec.model_dump(exclude_none=True)
             note(("model", f"{spec.family} {spec.n_layers}x{spec.dim}", f"from {hf_dir}/config.json (hf_path)"))
         if not params.get("tokenizer_model"):
@@ -135,23 +143,11 @@ def strip_post_training(params: dict[str, Any], derived: list | None = None, *, 
     return params
 
 
-def post_training(params: dict[str, Any], stage: str, *, prefix: str = "modules.pre_trainer",
-                  provenance=None) -> MegatronPostTraining | None:
-    """The post-training part of a module section (None for a plain pretraining run)."""
-    keys = _keys(params, prefix, provenance)
-    where = f"{provenance.describe(prefix + '.sft_dataset_name')}: " if provenance is not None else ""
-    if stage == "sft" and not keys.sft_dataset_name:
-        raise ConfigError(f"{where}{prefix}.sft_dataset_name: stage sft needs instruction data (a JSONL file or folder)")
-    if stage != "sft" and keys.sft_dataset_name:
-        raise ConfigError(f"{where}{prefix}.sft_dataset_name: instruction data is read by stage: sft (this module's "
-                          f"stage is {stage})")
-    if not keys.hf_path and stage != "sft":
+def post_training(params: dict[str, Any], keys: MegatronPostTrainingKeys, sft: SFTDataSpec | None, *,
+                  prefix: str) -> MegatronPostTraining | None:
+    """The post-training part of a module's plan (None for a plain pretraining run)."""
+    if not keys.hf_path and sft is None:
         return None
-    sft = None
-    if stage == "sft":
-        sft = SFTDataSpec(path=keys.sft_dataset_name, valid_path=keys.sft_valid_dataset_name,
-                          valid_fraction=keys.sft_valid_fraction, conversation_format=keys.sft_conversation_format,
-                          packing=keys.enable_packed_sequences)
     tokenizer = params.get("tokenizer_model") or keys.hf_path
     if sft is not None and not tokenizer:
         raise ConfigError(f"{prefix}.tokenizer_model: stage sft needs a Hugging Face tokenizer (or hf_path)")
@@ -159,7 +155,7 @@ def post_training(params: dict[str, Any], stage: str, *, prefix: str = "modules.
 
 
 def _model_reference(hf_path: str | None) -> Path | str | None:
-    """A local folder as an absolute path; a Hub id kept as written (fetched when the run starts)."""
+    """A local folder as an absolute path; a Hub id kept as written (fetched by prepare)."""
     from primus.compat.hub import is_hub_id
 
     if not hf_path:
@@ -167,38 +163,28 @@ def _model_reference(hf_path: str | None) -> Path | str | None:
     return hf_path if is_hub_id(hf_path) else Path(hf_path).expanduser().absolute()
 
 
-def hf_checkpoint_spec(params: dict[str, Any], save: Path):
-    """The plan's ``CheckpointSpec`` when the run starts from ``hf_path`` (None otherwise)."""
-    if not params.get("hf_path"):
-        return None
-    from primus.runtime.adapter import CheckpointSpec
-
-    return CheckpointSpec(save, load=str(Path(params["hf_path"]).expanduser().absolute()), format="hf")
-
-
 def check_post_training_inputs(plan, *, provenance=None) -> None:
     """Before launch: the HF checkpoint's every tensor name and shape against the model the plan
     builds, and the instruction files exist. One line naming the tensor and both shapes on a mismatch."""
-    module = plan.module
-    prefix = f"modules.{module.name}"
-    post = post_training(module.params, module.stage, prefix=prefix, provenance=provenance)
+    post, prefix = plan.post, plan.module.prefix
     if post is None:
         return
     from primus.compat.hub import is_hub_id
+    from primus.data.tiny_assets import built_by_prepare
 
     if post.sft is not None:
         from primus.data.sft import jsonl_files
 
         for key, path in (("sft_dataset_name", post.sft.path), ("sft_valid_dataset_name", post.sft.valid_path)):
-            if path is None or is_hub_id(path):  # a Hub dataset: fetched when the run starts
+            if path is None or is_hub_id(path) or built_by_prepare(path, plan.module.params):  # prepare fetches / builds it
                 continue
             try:
                 jsonl_files(path)
             except ConfigError:
                 where = f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
                 raise ConfigError(f"{where}{prefix}.{key}: {path} does not exist (a .jsonl file or a folder of them)") from None
-    if post.hf_path is None or isinstance(post.hf_path, str):  # a Hub id: checked once fetched, before training
-        return
+    if post.hf_path is None or isinstance(post.hf_path, str) or built_by_prepare(post.hf_path, plan.module.params):
+        return  # a Hub id is checked once prepare fetched it; the tiny model is Primus's own
     from primus.hf.checkpoint import HFCheckpoint, check_against_spec
 
     where = f"{prefix}.hf_path"

@@ -1,6 +1,6 @@
 """Instruction data as a NeMo AutoModel dataset config (its typed ``build(tokenizer=...)`` contract).
 
-``dataset: {_target_: primus.data.sft_automodel.SFTDatasetConfig, path: ...}`` in an AutoModel LLM
+``dataset: {_target_: primus.backends.nemo_automodel.sft_data.SFTDatasetConfig, path: ...}`` in an AutoModel LLM
 section gives the recipe the same conversations, rendering and response-only labels as the
 Megatron and TorchTitan backends (``primus.data.sft``), in AutoModel's shifted next-token layout
 (``input_ids``, ``labels`` with -100, ``attention_mask``). One conversation per item: AutoModel's

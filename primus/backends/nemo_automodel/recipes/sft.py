@@ -1,13 +1,13 @@
-"""NeMo AutoModel's LLM fine-tuning path (``stage: sft``): ``TrainFinetuneRecipeForNextTokenPrediction``.
+"""NeMo AutoModel's LLM fine-tuning (``stage: sft``): ``TrainFinetuneRecipeForNextTokenPrediction``.
 
 The module section is AutoModel's LLM YAML (``model``, ``peft``, ``step_scheduler``, ``optimizer``,
 ``lr_scheduler``, ``distributed``, ``checkpoint``, ``dataset`` ...). Primus takes out its own keys and
 derives what it owns (checkpoint dir under the run dir, process-group backend, the model's HF folder
 from ``primus.tiny_assets``); a ``dataset`` without ``_target_`` is Primus's instruction data
-(``primus.data.sft_automodel.SFTDatasetConfig``: same rendering and response-only labels as the other
-backends) and its held-out split becomes ``validation_dataset``. Every section is checked by
-AutoModel's own typed configs (``RecipeConfig``) before launch. LoRA is AutoModel's (``peft:``);
-``primus export`` merges the adapter into the base weights.
+(``primus.backends.nemo_automodel.sft_data.SFTDatasetConfig``: same rendering and response-only labels
+as the other backends) and its held-out split becomes ``validation_dataset``. Every section is checked
+by AutoModel's own typed configs (``RecipeConfig``) before launch. LoRA is AutoModel's (``peft:``; the
+lora recipe wraps this one); ``primus export`` writes the consolidated weights.
 
 Each optimizer step is reported through ``RunContext.report_step`` (the recipe's own
 ``_run_train_optim_step`` returns the step's global loss, grad norm and LR); validation losses
@@ -17,17 +17,24 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError, did_you_mean
+from primus.data.tiny_assets import built_by_prepare, tiny_assets_dir
+from primus.runtime.adapter import CheckpointSpec, EnginePlan, HFWeights, ModuleConfig, Recipe
 
 if TYPE_CHECKING:
-    from primus.runtime.adapter import EnginePlan, ModuleConfig
+    from primus.config.provenance import Provenance
+    from primus.plan.layout import ParallelLayout
+    from primus.plan.model import ModelSpec
     from primus.runtime.context import RunContext
 
 RECIPE = "TrainFinetuneRecipeForNextTokenPrediction"
-SFT_DATASET = "primus.data.sft_automodel.SFTDatasetConfig"
+SFT_DATASET = "primus.backends.nemo_automodel.sft_data.SFTDatasetConfig"
+SAVED_STEP = r"epoch_\d+_step_(\d+)"  # AutoModel's name of a saved step: the state after step S + 1
+LLMPlan = EnginePlan[dict, "ModelSpec", "ParallelLayout"]  # engine_config: AutoModel's config as a dict
 MODEL_TARGET = "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained"
 # What TrainFinetuneRecipeForNextTokenPrediction (0.7.0) reads: recipes/llm/train_ft.py,
 # recipes/_typed_config.py (RecipeConfig), recipes/_dist_utils.py. A test re-reads the source for drift.
@@ -41,7 +48,7 @@ TOP_LEVEL = frozenset({
 PRIMUS_KEYS = frozenset({"primus"})
 
 
-def defaults() -> dict[str, Any]:
+def _defaults() -> dict[str, Any]:
     """The lowest layer of an AutoModel ``stage: sft`` section."""
     loader = {"_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
               "collate_fn": "nemo_automodel.components.datasets.utils.default_collater"}
@@ -55,11 +62,6 @@ def defaults() -> dict[str, Any]:
         "distributed": {"strategy": "fsdp2", "dp_size": None, "tp_size": 1, "cp_size": 1},
         "checkpoint": {"enabled": True, "model_save_format": "safetensors", "save_consolidated": False},
     }
-
-
-def _model_dir(cfg: dict[str, Any]) -> Path | None:
-    path = (cfg.get("model") or {}).get("pretrained_model_name_or_path")
-    return Path(path).expanduser().absolute() if path and Path(path).expanduser().exists() else None
 
 
 def build_handoff(params: dict[str, Any], *, checkpoint_dir: Path, dist_backend: str, plan: "EnginePlan",
@@ -121,49 +123,17 @@ def check_with_recipe_config(cfg: dict[str, Any], prefix: str) -> None:
             raise ConfigError(f"{prefix}.{section}: {exc}", key=section) from None
 
 
-def model_spec(cfg: dict[str, Any]):
-    """The neutral model of the HF folder (None for a hub id: no local config.json to read)."""
-    folder = _model_dir(cfg)
-    if folder is None or not (folder / "config.json").exists():
-        return None
-    from primus.hf.config import model_spec_from_hf, read_config
+def model_spec(cfg: dict[str, Any], tiny_root: Path | None):
+    """The neutral model of the HF folder (None for a hub id: no local config.json to read); the tiny
+    model ``primus.tiny_assets`` will build is read as what it will be (a plan builds nothing)."""
+    from primus.hf.config import model_spec_from_hf
+    from primus.hf.tiny import hf_config
 
+    folder = Path(cfg["model"]["pretrained_model_name_or_path"]).expanduser().absolute()
     try:
-        return model_spec_from_hf(read_config(folder), f"{folder}/config.json")
+        return model_spec_from_hf(hf_config(folder, tiny_root), f"{folder}/config.json")
     except ConfigError:
-        return None  # an architecture Primus does not map: AutoModel may still train it
-
-
-def plan(module: "ModuleConfig", world_size: int | None, provenance, *, run_dir: Path | None, device: str):
-    from primus.plan.flops import flops_per_token
-    from primus.runtime.adapter import CheckpointSpec, EnginePlan
-
-    prefix = f"modules.{module.name}"
-    tiny = (module.params.get("primus") or {}).get("tiny_assets")
-    if tiny:  # the model is read from the files it builds (idempotent, file-locked)
-        from primus.hf.tiny import ensure_tiny_sft_assets
-
-        ensure_tiny_sft_assets(Path(tiny).expanduser())
-    checkpoint_dir = (run_dir or Path(".")) / "checkpoints"
-    result = EnginePlan(module, world_size, None, CheckpointSpec(checkpoint_dir))
-
-    def where(key: str) -> str:
-        return f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
-
-    try:
-        cfg = build_handoff(module.params, checkpoint_dir=checkpoint_dir, plan=result, prefix=prefix,
-                            dist_backend="nccl" if device.startswith("cuda") else "gloo")
-        check_with_recipe_config(cfg, prefix)
-    except ConfigError as exc:
-        raise ConfigError(f"{where(exc.key)}{exc}" if exc.key else str(exc), key=exc.key) from None
-    result.engine_config = cfg
-    result.checkpoint = CheckpointSpec(checkpoint_dir, load=cfg["model"]["pretrained_model_name_or_path"], format="hf")
-    result.model = model_spec(cfg)
-    seq = (cfg.get("dataset") or {}).get("seq_length")
-    result.layout = layout(cfg, world_size, seq or 2048)
-    if result.model is not None and seq:
-        result.flops_per_token = flops_per_token(result.model, seq)
-    return result
+        return None  # a Hub id, or an architecture Primus does not map: AutoModel may still train it
 
 
 def layout(cfg: dict[str, Any], world_size: int | None, seq_len: int):
@@ -180,28 +150,143 @@ def layout(cfg: dict[str, Any], world_size: int | None, seq_len: int):
                           param_dtype=param_dtype, master_weights=param_dtype != "fp32")
 
 
-def check_inputs(plan: "EnginePlan", provenance) -> None:
-    """The model folder and instruction files exist; a local HF checkpoint matches its own config."""
-    cfg, prefix = plan.engine_config, f"modules.{plan.module.name}"
+class AutoModelSFT(Recipe):
+    """A Hugging Face LLM fine-tuned by AutoModel's LLM recipe (full weights; LoRA: ``lora.py``)."""
 
-    def fail(key: str, message: str) -> ConfigError:
-        full = f"{prefix}.{key}"
-        where = f"{provenance.describe(full)}: " if provenance is not None else ""
-        return ConfigError(f"{where}{full}: {message}")
+    stage = "sft"
 
-    source = cfg["model"]["pretrained_model_name_or_path"]
-    if source.startswith("/") and not Path(source).exists():
-        raise fail("model.pretrained_model_name_or_path", f"{source} does not exist")
-    for section in [k for k in cfg if k == "dataset" or k.startswith("validation_dataset")]:
-        node = cfg[section] or {}
-        if node.get("_target_") == SFT_DATASET:
-            for key in ("path", "valid_path"):
-                if node.get(key) and not Path(node[key]).expanduser().exists():
-                    raise fail(f"{section}.{key}", f"{node[key]} does not exist")
-    if plan.model is not None:
-        from primus.hf.checkpoint import HFCheckpoint, check_against_spec
+    def defaults(self) -> dict[str, Any]:
+        return _defaults()
 
-        check_against_spec(HFCheckpoint(source), plan.model, f"{prefix}.model.pretrained_model_name_or_path")
+    def plan(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+             run_dir: Path | None = None, device: str = "cpu") -> LLMPlan:
+        """AutoModel's own config (the hand-off dict), every section checked by its typed configs."""
+        from primus.plan.flops import flops_per_token
+        from primus.plan.sizing import LLM
+
+        self.adapter.require_installed()
+        prefix = module.prefix
+        checkpoint_dir = (run_dir or Path(".")) / "checkpoints"
+        plan: LLMPlan = EnginePlan(module, self, world_size, {}, CheckpointSpec(checkpoint_dir), sizing=LLM)
+
+        def where(key: str) -> str:
+            return f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
+
+        try:
+            cfg = build_handoff(module.params, checkpoint_dir=checkpoint_dir, plan=plan, prefix=prefix,
+                                dist_backend="nccl" if device.startswith("cuda") else "gloo")
+            check_with_recipe_config(cfg, prefix)
+        except ConfigError as exc:
+            raise ConfigError(f"{where(exc.key)}{exc}" if exc.key else str(exc), key=exc.key) from None
+        plan.engine_config = cfg
+        plan.checkpoint = CheckpointSpec(checkpoint_dir, load=cfg["model"]["pretrained_model_name_or_path"],
+                                         format="hf", step_pattern=SAVED_STEP)
+        plan.model = model_spec(cfg, tiny_assets_dir(module.params))
+        seq = (cfg.get("dataset") or {}).get("seq_length")
+        plan.layout = layout(cfg, world_size, seq or 2048)
+        if plan.model is not None and seq:
+            plan.flops_per_token = flops_per_token(plan.model, seq)
+        return plan
+
+    def check_inputs(self, plan: LLMPlan, provenance: "Provenance | None" = None) -> None:
+        """The model folder and instruction files exist; a local HF checkpoint matches its own config."""
+        cfg, prefix, params = plan.engine_config, plan.module.prefix, plan.module.params
+
+        def fail(key: str, message: str) -> ConfigError:
+            full = f"{prefix}.{key}"
+            where = f"{provenance.describe(full)}: " if provenance is not None else ""
+            return ConfigError(f"{where}{full}: {message}")
+
+        source = cfg["model"]["pretrained_model_name_or_path"]
+        if built_by_prepare(source, params):
+            return  # the tiny model and instruction set, built by prepare() before the ranks start
+        if source.startswith("/") and not Path(source).exists():
+            raise fail("model.pretrained_model_name_or_path", f"{source} does not exist")
+        for section in [k for k in cfg if k == "dataset" or k.startswith("validation_dataset")]:
+            node = cfg[section] or {}
+            if node.get("_target_") == SFT_DATASET:
+                for key in ("path", "valid_path"):
+                    if node.get(key) and not Path(node[key]).expanduser().exists() and \
+                            not built_by_prepare(node[key], params):
+                        raise fail(f"{section}.{key}", f"{node[key]} does not exist")
+        if plan.model is not None:
+            from primus.hf.checkpoint import HFCheckpoint, check_against_spec
+
+            check_against_spec(HFCheckpoint(source), plan.model, f"{prefix}.model.pretrained_model_name_or_path")
+
+    def prepare(self, plan: LLMPlan, log: Callable[[str], None]) -> list:
+        root = tiny_assets_dir(plan.module.params)
+        if root is not None:
+            from primus.hf.tiny import ensure_tiny_sft_assets
+
+            log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+            ensure_tiny_sft_assets(root)
+        return []
+
+    def run(self, plan: LLMPlan, ctx: "RunContext") -> None:
+        from nemo_automodel.components.config.loader import ConfigNode
+        from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
+
+        from primus.backends.nemo_automodel.patches import (check_version, checkpoint_on_transient_group,
+                                                           keep_primus_logging, llm_recipe_on_cpu)
+        from primus.backends.nemo_automodel.recipes.diffusion import check_fresh_checkpoint_dir
+        from primus.runtime.preemption import Preempted
+
+        check_version(self.adapter.require_installed(), ctx.logger.warning)
+        plan.log_derived(ctx)
+        cfg = plan.engine_config
+        check_fresh_checkpoint_dir(cfg, ctx)
+        if ctx.resume and not cfg["checkpoint"].get("restore_from"):
+            cfg["checkpoint"]["restore_from"] = "LATEST"
+        peft = "LoRA (peft)" if cfg.get("peft") else "full fine-tuning"
+        ctx.logger.info("nemo_automodel sft: %s of the Hugging Face checkpoint %s", peft,
+                        cfg["model"]["pretrained_model_name_or_path"])
+        recipe = TrainFinetuneRecipeForNextTokenPrediction(ConfigNode(cfg))
+        with keep_primus_logging(), llm_recipe_on_cpu(setup=True), checkpoint_on_transient_group():
+            recipe.setup()
+        tap = LLMStepTap(recipe, ctx, plan.flops_per_token)
+        try:
+            with keep_primus_logging(), llm_recipe_on_cpu(setup=False), checkpoint_on_transient_group():
+                recipe.run_train_validation_loop()
+        finally:
+            tap.close()
+        if getattr(recipe.step_scheduler, "sigterm_flag", False):
+            raise Preempted(int(recipe.step_scheduler.step), checkpointed=True)
+        ctx.logger.info("nemo_automodel sft: %d optimizer steps, checkpoints in %s", tap.steps,
+                        cfg["checkpoint"]["checkpoint_dir"])
+
+    def export(self, plan: LLMPlan, step: int | None) -> HFWeights:
+        """The consolidated weights of a saved step (``checkpoint.save_consolidated: true``)."""
+        from safetensors.torch import load_file
+
+        source, step, path = saved_model(plan, step)
+        folder = path / "consolidated" if (path / "consolidated").is_dir() else path
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ConfigError(f"{path}: no safetensors weights (set checkpoint.save_consolidated: true)")
+        tensors: dict[str, Any] = {}
+        for file in files:
+            tensors.update(load_file(str(file)))
+        return HFWeights(tensors, base_model(source), source, str(source), path, step)
+
+
+def saved_model(plan: LLMPlan, step: int | None) -> tuple[Path, int, Path]:
+    """(the base model's folder, the step, its saved ``model`` folder) of a run, for export."""
+    from primus.backends.checkpoint_io import pick_step, saved_steps
+
+    source = Path(plan.engine_config["model"]["pretrained_model_name_or_path"])
+    if not source.is_dir():
+        raise ConfigError(f"{plan.checkpoint.directory.parent}: export needs the run's base model as a local "
+                          f"folder (got {source})")
+    root = plan.checkpoint.directory
+    step, path = pick_step(saved_steps(root, SAVED_STEP, complete="model", offset=1), step, root)
+    return source, step, path / "model"
+
+
+def base_model(source: Path):
+    from primus.hf.config import model_spec_from_hf, read_config
+
+    return model_spec_from_hf(read_config(source))
 
 
 class LLMStepTap:
@@ -248,30 +333,3 @@ class LLMStepTap:
             self.recipe.__dict__.pop(name, None)
 
 
-def run(plan: "EnginePlan", ctx: "RunContext") -> None:
-    from nemo_automodel.components.config.loader import ConfigNode
-    from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
-
-    from primus.backends.nemo_automodel.patches import (checkpoint_on_transient_group, keep_primus_logging,
-                                                       llm_recipe_on_cpu)
-    from primus.runtime.preemption import Preempted
-
-    cfg = plan.engine_config
-    if ctx.resume and not cfg["checkpoint"].get("restore_from"):
-        cfg["checkpoint"]["restore_from"] = "LATEST"
-    peft = "LoRA (peft)" if cfg.get("peft") else "full fine-tuning"
-    ctx.logger.info("nemo_automodel sft: %s of the Hugging Face checkpoint %s", peft,
-                    cfg["model"]["pretrained_model_name_or_path"])
-    recipe = TrainFinetuneRecipeForNextTokenPrediction(ConfigNode(cfg))
-    with keep_primus_logging(), llm_recipe_on_cpu(setup=True), checkpoint_on_transient_group():
-        recipe.setup()
-    tap = LLMStepTap(recipe, ctx, plan.flops_per_token)
-    try:
-        with keep_primus_logging(), llm_recipe_on_cpu(setup=False), checkpoint_on_transient_group():
-            recipe.run_train_validation_loop()
-    finally:
-        tap.close()
-    if getattr(recipe.step_scheduler, "sigterm_flag", False):
-        raise Preempted(int(recipe.step_scheduler.step), checkpointed=True)
-    ctx.logger.info("nemo_automodel sft: %d optimizer steps, checkpoints in %s", tap.steps,
-                    cfg["checkpoint"]["checkpoint_dir"])

@@ -1,7 +1,9 @@
-"""The training job on one rank: read the resolved config, set up logs, run the adapter.
+"""The training job on one rank: read the resolved config, set up logs, run the module's recipe.
 
-Workers never re-resolve the experiment: they read ``config.resolved.yaml`` written once by
-the launching process, so ``${VAR}`` cannot resolve differently per rank.
+Workers never re-resolve the experiment: they read ``config.resolved.yaml`` written once by the
+launching process (with what its ``prepare`` localised, e.g. a Hub model's local copy), so
+``${VAR}`` cannot resolve differently per rank and every rank plans from the launcher's inputs.
+A worker in the launcher's own process takes the launcher's plan instead of building it again.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from primus.compat.runtime import announce, localize_hub_references, translations_of
+from primus.compat.runtime import announce, translations_of
 from primus.config.errors import ConfigError
 from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import engine_output_to_log, engine_warning_summary, setup_logging
@@ -24,8 +26,8 @@ from primus.runtime.preemption import Preempted, StopSignal
 from primus.runtime.rundir import ExitCode, RunDir
 
 
-# Plans the launcher built in this very process (a one-rank job runs its worker in-process): the
-# worker takes it instead of parsing the same config a second time.
+# Process-wide by nature: the plans the launcher built in this very process (a one-rank job runs its
+# worker in-process), which the worker takes instead of planning the same module a second time.
 _HANDED_OVER: dict[tuple[str, str], EnginePlan] = {}
 
 
@@ -75,15 +77,10 @@ def train_worker(payload: dict[str, Any]) -> int:
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                      logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install(),
                      save_last_checkpoint=primus_opts.get("save_last_checkpoint", True))
-    # AMD Primus names (primus/compat): say what each became; fetch Hub tokenizers, models, data once
+    # AMD Primus names (primus/compat): say what each became; and what the launcher fetched from the Hub
     announce(translations_of(section), logger.info, ctx.log_derived)
-    try:
-        params = localize_hub_references(section["framework"], params, local_rank=local_rank,
-                                        log_derived=ctx.log_derived)
-    except ConfigError as exc:
-        logger.error("rank %d: %s", rank, exc)
-        reporter.close()
-        return exc.exit_code
+    for item in section.get("localised") or []:
+        ctx.log_derived(item["key"], item["value"], item["reason"])
     if restarts and rank == 0:
         RunDir(run_dir).record_restart(restarts)
         logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint", restarts)
@@ -94,10 +91,9 @@ def train_worker(payload: dict[str, Any]) -> int:
     status = "failed"  # what the trackers record as the run's end
     logger.info("MFU peak: %s TFLOP/s per device (%s)", "n/a" if peak is None else f"{peak:.4g}", peak_source)
     try:
-        # the same plan the launcher built, rebuilt from config.resolved.yaml for this rank's run dir and device
-        plan = _HANDED_OVER.pop((str(run_dir), module_name), None)
-        if plan is None or params is not section["params"]:  # a Hub tokenizer now read from its local copy
-            plan = adapter.plan(module, world_size, run_dir=run_dir, device=device)
+        # the launcher's plan, or the same one rebuilt from config.resolved.yaml for this rank's run dir and device
+        plan = _HANDED_OVER.pop((str(run_dir), module_name), None) or \
+            adapter.plan(module, world_size, run_dir=run_dir, device=device)
         with engine_output_to_log():  # the engine's own prints and progress bars: this rank's debug.log
             adapter.run(plan, ctx)
         status = "completed"

@@ -1,0 +1,1 @@
+"""Megatron's recipes, one per stage (the table: ``MegatronAdapter.recipes``)."""

@@ -1,0 +1,192 @@
+"""What every Megatron recipe shares: Megatron-LM arguments parsed once into a ``MegatronPlan``, the
+tiny assets and Hub copies prepared, megatron-core's loop run, a ``torch_dist`` checkpoint exported.
+
+A recipe differs only in what it reads besides (``instructions``: the sft recipe reads instruction
+data, the pretrain recipe refuses it) and, for LoRA, in the adapters it adds to the plan.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from primus.backends.megatron.checkpoint import ITERATION
+from primus.backends.megatron.params import TINY_PREFIX, megatron_params
+from primus.backends.megatron.post_training import (MegatronPostTraining, MegatronPostTrainingKeys,
+                                                    check_post_training_inputs, is_post_training, post_training,
+                                                    read_keys)
+from primus.config.errors import ConfigError
+from primus.data.sft import SFTDataSpec
+from primus.data.tiny_assets import built_by_prepare, tiny_assets_dir
+from primus.plan.flops import flops_per_token
+from primus.plan.sizing import LLM
+from primus.runtime.adapter import CheckpointSpec, Derived, EnginePlan, HFWeights, ModuleConfig, Recipe
+
+if TYPE_CHECKING:
+    from primus.backends.megatron.arguments import MegatronArgs
+    from primus.backends.megatron.lora import LoRAConfig
+    from primus.config.provenance import Provenance
+    from primus.plan.layout import ParallelLayout
+    from primus.plan.model import ModelSpec
+    from primus.runtime.context import RunContext
+
+# Keys a run reads that AMD's experiment files fill with Hugging Face Hub ids, and what each one is.
+HUB_KEYS = [("hf_path", "model"), ("sft_dataset_name", "dataset"), ("sft_valid_dataset_name", "dataset")]
+
+
+@dataclass
+class MegatronPlan(EnginePlan["MegatronArgs", "ModelSpec", "ParallelLayout"]):
+    """The Megatron arguments plus what Primus adds around megatron-core's loop."""
+
+    post: MegatronPostTraining | None = None  # HF weights to start from, instruction data
+    lora: "LoRAConfig | None" = None  # the adapters of the lora recipe
+
+
+class MegatronRecipe(Recipe):
+    """A Megatron run: megatron-core's GPTModel, DDP, optimizer, schedules and dist_checkpointing."""
+
+    def defaults(self) -> dict[str, Any]:
+        from primus.backends.megatron.arguments import default_args
+
+        return default_args()
+
+    def derived_params(self, params: dict[str, Any]) -> list[tuple[str, Any, str]]:
+        """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells.
+        A run from HF weights / on instructions names its own files (the HF config.json is read at plan time)."""
+        if is_post_training(params):
+            return []
+        derived: list[tuple[str, Any, str]] = []
+        megatron_params(params, derived)
+        return derived
+
+    @abstractmethod
+    def instructions(self, keys: MegatronPostTrainingKeys, module: ModuleConfig,
+                     provenance: "Provenance | None") -> SFTDataSpec | None:
+        """The instruction data this recipe reads (None: none); a key it does not read is an error."""
+
+    def plan(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+             run_dir: Path | None = None, device: str = "cpu") -> MegatronPlan:
+        """Megatron-LM arguments, parsed once; the layout checked against ``world_size`` when known."""
+        from primus.backends.megatron.arguments import check_parallel_layout, parse_args
+        from primus.backends.megatron.plan import describe
+
+        keys = read_keys(module.params, module.prefix, provenance)
+        instructions = self.instructions(keys, module, provenance)
+        derived: list[tuple[str, Any, str]] = []
+        args = parse_args(megatron_params(module.params, derived, prefix=module.prefix, provenance=provenance),
+                          module=module.name, provenance=provenance)
+        post = post_training(module.params, keys, instructions, prefix=module.prefix)
+        if args.bf16 and not device.startswith("cuda"):  # bf16 only where the CPU has bf16 units
+            from primus.plan.devices import cpu_bf16_decision
+
+            keep, reason = cpu_bf16_decision()
+            if not keep:
+                args.bf16 = False
+                derived.append(("bf16", False, reason))
+        if world_size is not None:
+            check_parallel_layout(args, world_size, module=module.name)
+        model, layout = describe(args, module.params.get("model"), world_size)
+        save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
+        checkpoint = CheckpointSpec(save, load=args.load, step_pattern=ITERATION)
+        if keys.hf_path:
+            checkpoint = CheckpointSpec(save, load=str(Path(keys.hf_path).expanduser().absolute()), format="hf",
+                                        step_pattern=ITERATION)
+        plan = MegatronPlan(module, self, world_size, args, checkpoint, model, layout, sizing=LLM,
+                            flops_per_token=flops_per_token(model, args.seq_length) if model else None, post=post)
+        for key, value, reason in derived:
+            plan.derive(key, value, reason)
+        return plan
+
+    def check_inputs(self, plan: MegatronPlan, provenance: "Provenance | None" = None) -> None:
+        check_post_training_inputs(plan, provenance=provenance)  # HF tensors vs the model, instruction files
+        from primus.backends.megatron.data import DATA_KEYS, data_prefixes
+        from primus.compat.hub import is_hub_id
+
+        args, prefix = plan.engine_config, plan.module.prefix
+        checks = []
+        if args.tokenizer_model and not is_hub_id(args.tokenizer_model):  # a Hub id: fetched by prepare
+            checks.append(("tokenizer_model", Path(args.tokenizer_model)))
+        # data_path and train/valid/test_data_path
+        checks += [(key, Path(f"{p}.idx"))
+                   for key, p in data_prefixes({key: getattr(args, key) for key in (*DATA_KEYS, "mock_data")})]
+        if args.load:
+            checks.append(("load", Path(args.load)))
+        for key, path in checks:
+            if not path.exists() and not built_by_prepare(path, plan.module.params):
+                full = f"{prefix}.{key}"
+                where = f"{provenance.describe(full)}: " if provenance is not None else ""
+                raise ConfigError(f"{where}{full}: {path} does not exist")
+
+    def prepare(self, plan: MegatronPlan, log: Callable[[str], None]) -> list[Derived]:
+        # an argument that cannot be honoured here stops a real run now (exit 2, one line), before any
+        # rank starts; config validate / plan / --dry-run never call this (the file is valid Megatron-LM)
+        from primus.backends.megatron.support import run_time_notes
+
+        run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
+        root = tiny_assets_dir(plan.module.params)
+        if root is None:
+            return _localize(plan.module.params)
+        if is_post_training(plan.module.params):  # the tiny HF model and instruction set the run names
+            from primus.hf.tiny import ensure_tiny_sft_assets
+
+            log(f"tiny Hugging Face model and instruction set in {root} (primus.tiny_assets)")
+            ensure_tiny_sft_assets(root)
+        elif not (root / f"{TINY_PREFIX}.idx").exists():
+            from primus.data.indexed import build_indexed_dataset
+            from primus.data.tiny_assets import ensure_tiny_assets
+
+            log(f"building the tiny tokenizer, corpus and Megatron .bin/.idx in {root} (primus.tiny_assets)")
+            assets = ensure_tiny_assets(root)
+            build_indexed_dataset(assets["corpus_file"], assets["tokenizer"], root / TINY_PREFIX)
+        return []
+
+    def run(self, plan: MegatronPlan, ctx: "RunContext") -> None:
+        self.adapter.require_installed()
+        plan.log_derived(ctx)
+        if not ctx.device.startswith("cuda"):
+            from primus.backends.megatron.cpu_patches import apply_cpu_patches
+
+            applied = apply_cpu_patches()
+            if applied:
+                ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
+        from primus.backends.megatron.trainer import train
+
+        train(plan.engine_config, ctx, plan.module.name, plan.post, plan.lora)
+
+    def export(self, plan: MegatronPlan, step: int | None) -> HFWeights:
+        """torch_dist tensors have the layout-free keys and global shapes of ``hf_adapter``; LoRA merged."""
+        from primus.backends.checkpoint_io import pick_step, read_dcp_tensors, saved_steps
+        from primus.backends.megatron.hf_adapter import megatron_to_hf
+
+        root = plan.checkpoint.directory
+        step, path = pick_step(saved_steps(root, ITERATION, complete="metadata.json"), step, root)
+        source, spec = None, plan.model
+        if plan.checkpoint.format == "hf":  # the HF model it started from: its config and unpadded vocabulary
+            from primus.hf.config import model_spec_from_hf, read_config
+
+            source = Path(plan.checkpoint.load)
+            spec = model_spec_from_hf(read_config(source))
+        tensors = read_dcp_tensors(path, lambda key: not key.startswith(("optimizer", "rng_state")))
+        if plan.lora is not None:  # W + (alpha / dim) * B @ A, as AutoModel's PEFT adapters are merged
+            from primus.backends.megatron.lora import merge_lora_tensors
+
+            tensors = merge_lora_tensors(tensors, plan.lora.scale)
+        return HFWeights(megatron_to_hf(tensors, spec), spec, source, plan.engine_config.tokenizer_model, path, step)
+
+
+def _localize(params: dict[str, Any]) -> list[Derived]:
+    """The model, instruction data and tokenizer named by Hub id, fetched into this node's HF cache."""
+    from primus.compat.hub import is_hub_id, localize
+
+    token = (params.get("primus") or {}).get("hf_token")
+    found = [Derived(*item) for item in localize(params, HUB_KEYS, token=token)]
+    reference = params.get("tokenizer_model")
+    if not is_hub_id(reference):
+        return found
+    real_data = any(params.get(k) for k in ("data_path", "train_data_path", "valid_data_path", "test_data_path"))
+    if params.get("mock_data") and not real_data and params.get("vocab_size"):
+        return [*found, Derived("tokenizer_type", "NullTokenizer", f"mock_data: random tokens need no tokenizer, "
+                                f"so '{reference}' is not fetched; vocab_size {params['vocab_size']} from the model")]
+    return [*found, *(Derived(*item) for item in localize(params, [("tokenizer_model", "tokenizer")], token=token))]

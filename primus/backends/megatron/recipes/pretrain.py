@@ -1,0 +1,25 @@
+"""Megatron pretraining: megatron-core's GPT on indexed ``.bin/.idx`` data (or mock data), optionally
+from a Hugging Face checkpoint's weights (``hf_path``)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from primus.backends.megatron.post_training import MegatronPostTrainingKeys
+from primus.backends.megatron.recipes.common import MegatronRecipe
+from primus.config.errors import ConfigError
+from primus.runtime.adapter import ModuleConfig
+
+if TYPE_CHECKING:
+    from primus.config.provenance import Provenance
+
+
+class MegatronPretrain(MegatronRecipe):
+    stage = "pretrain"
+
+    def instructions(self, keys: MegatronPostTrainingKeys, module: ModuleConfig, provenance: "Provenance | None"):
+        if keys.sft_dataset_name:
+            key = f"{module.prefix}.sft_dataset_name"
+            where = f"{provenance.describe(key)}: " if provenance is not None else ""
+            raise ConfigError(f"{where}{key}: instruction data is read by stage: sft (this module's stage is "
+                              f"{self.stage})")
+        return None

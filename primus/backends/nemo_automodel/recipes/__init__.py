@@ -1,0 +1,1 @@
+"""NeMo AutoModel's recipes, one per stage (the table: ``AutoModelAdapter.recipes``)."""

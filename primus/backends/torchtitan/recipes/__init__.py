@@ -1,0 +1,1 @@
+"""TorchTitan's recipes, one per stage (the table: ``TorchTitanAdapter.recipes``)."""

@@ -1,0 +1,53 @@
+"""TorchTitan supervised fine-tuning: Primus's instruction data as TorchTitan's dataloader
+(``primus.backends.torchtitan.sft_data.SFTDataLoader``, its keys that ``Config``'s fields), the
+validator on the held-out split, usually from a Hugging Face checkpoint (``hf_start``)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from primus.backends.torchtitan import hf_start
+from primus.backends.torchtitan.recipes.common import TorchTitanPlan, TorchTitanRecipe, build_tiny_sft_assets
+from primus.config.errors import ConfigError
+from primus.data.tiny_assets import tiny_assets_dir
+from primus.runtime.adapter import ModuleConfig
+
+
+
+class TorchTitanSFT(TorchTitanRecipe):
+    stage = "sft"
+    data_keys = ("dataset_path", "valid_dataset_path")
+
+    def dataloader_config(self) -> Any:
+        from primus.backends.torchtitan.sft_data import SFTDataLoader
+
+        return SFTDataLoader.Config()
+
+    def params(self, module: ModuleConfig, derived: list) -> dict[str, Any]:
+        """A run on instructions names its files itself (``primus.tiny_assets`` only builds them); the model
+        comes from the checkpoint's config.json."""
+        return hf_start.with_hf_start(module.params, derived, prefix=module.prefix,
+                                      tiny_root=tiny_assets_dir(module.params))
+
+    def finish_config(self, cfg: Any, attn_backend: str, fail: Callable[[str, str], ConfigError]) -> list:
+        """The validator reads the held-out split; packing needs document-aware attention."""
+        loader = cfg.dataloader
+        if not loader.dataset_path:
+            raise fail("dataloader.dataset_path", "stage sft needs instruction data (a JSONL file or a folder of them)")
+        if loader.packing and attn_backend == "sdpa":
+            raise fail("dataloader.packing", "packed conversations need document-aware attention (attn_backend flex "
+                                             "or varlen); causal SDPA would let them attend to each other. Use "
+                                             "packing: false (one conversation per sequence, padded)")
+        derived = []
+        if cfg.validator.enable and not loader.valid_dataset_path and loader.valid_fraction <= 0:
+            raise fail("validator.enable", "validation needs held-out instructions: dataloader.valid_fraction > 0 or "
+                                           "dataloader.valid_dataset_path")
+        if cfg.validator.enable:
+            cfg.validator.dataloader = replace(loader, split="valid", infinite=cfg.validator.steps != -1)
+            derived.append(("validator.dataloader", "the held-out instruction split", "stage sft"))
+        return derived
+
+    def build_tiny_assets(self, plan: TorchTitanPlan, root: Path, log: Callable[[str], None]) -> None:
+        build_tiny_sft_assets(root, log)
