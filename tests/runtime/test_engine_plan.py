@@ -16,15 +16,29 @@ BACKENDS = ROOT / "primus" / "backends"
 TINY = {"torchtitan": ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml",
         "megatron": ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"}
 
-COUNT_PARSES = """
+COUNT_CHECKS = """
 import json, sys
 import primus.backends.megatron.arguments as arguments
+import primus.backends.megatron.support as support
+import primus.backends.megatron.validate_args as validate_args
+import primus.config.schema as schema
 from primus.cli.main import main
-calls = []
-original = arguments.parse_args
-arguments.parse_args = lambda *a, **k: calls.append(1) or original(*a, **k)
+calls = {"parse_args": 0, "primus_block": 0, "layout_split": 0, "layout_world": 0, "run_time_notes": 0}
+
+def counted(module, name, key, when=lambda *a, **k: True):
+    original = getattr(module, name)
+    def wrapper(*args, **kwargs):
+        calls[key] += bool(when(*args, **kwargs))
+        return original(*args, **kwargs)
+    setattr(module, name, wrapper)
+
+counted(arguments, "parse_args", "parse_args")
+counted(schema, "validate_model", "primus_block", when=lambda model, *a, **k: model is schema.PrimusOptions)
+counted(validate_args, "_check_model_split", "layout_split")
+counted(validate_args, "_check_world", "layout_world")
+counted(support, "_run_time_notes", "run_time_notes")
 code = main(sys.argv[1:])
-print(json.dumps({"code": code, "parses": len(calls)}))
+print(json.dumps({"code": code, **calls}))
 """
 
 
@@ -52,18 +66,22 @@ def test_dependency_arrows_point_one_way(package, forbidden):
 
 
 @pytest.mark.e2e
-def test_megatron_arguments_are_parsed_once_per_process(tmp_path):
+def test_each_check_runs_once_per_process(tmp_path):
     """`config validate`, `train --dry-run` and a one-rank `train` (its worker runs in the launcher's
-    process and takes the launcher's plan) each parse the Megatron arguments exactly once."""
+    process and takes the launcher's plan) parse the Megatron arguments, validate the primus: block,
+    check the layout and (a run only) the run-time refusals exactly once each."""
     env = {**os.environ, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path / "cache")}
     results = {}
     for name, args in {"validate": ["config", "validate", str(TINY["megatron"])],
                        "dry-run": ["train", str(TINY["megatron"]), "--dry-run"],
                        "train": ["train", str(TINY["megatron"]), "train_iters=3", "exp_name=once"]}.items():
-        out = subprocess.run([sys.executable, "-c", COUNT_PARSES, *args], cwd=ROOT, env=env, capture_output=True,
+        out = subprocess.run([sys.executable, "-c", COUNT_CHECKS, *args], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=600)
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-    assert results == {name: {"code": 0, "parses": 1} for name in results}
+    once = {"code": 0, "parse_args": 1, "primus_block": 1, "layout_split": 1}
+    assert results == {"validate": {**once, "layout_world": 0, "run_time_notes": 0},
+                       "dry-run": {**once, "layout_world": 1, "run_time_notes": 0},
+                       "train": {**once, "layout_world": 1, "run_time_notes": 1}}
 
 
 @pytest.mark.e2e

@@ -205,6 +205,14 @@ class MegatronArgsBase(BaseModel):
     model: dict[str, Any] | None = None  # the neutral ModelSpec block, translated before validation
     _notes: list = PrivateAttr(default_factory=list)  # (key, value, reason, level) said at run time
     _given: set = PrivateAttr(default_factory=set)  # the arguments the experiment set (not defaults)
+    _checked: dict = PrivateAttr(default_factory=dict)  # check -> its result, on these arguments (``once``)
+
+    def once(self, check: Any, run: Any) -> Any:
+        """``run()`` the first time ``check`` is asked of these arguments, its result afterwards: a worker
+        in the launcher's process runs the plan it was handed, not the launcher's checks again."""
+        if check not in self._checked:
+            self._checked[check] = run()
+        return self._checked[check]
 
     def note(self, key: str, value: Any, reason: str, level: str = "info") -> None:
         """Remember a setting Primus (or Megatron-LM's own rules) chose, to be said once at run time."""

@@ -280,11 +280,16 @@ def _same(value: Any, default: Any) -> bool:
 
 
 def run_time_notes(args, given: set[str], module: str = "pre_trainer") -> list[tuple[str, Any, str]]:
-    """Check the arguments the experiment set, at run time (never in ``config validate``/dry-run).
+    """Check the arguments the experiment set, at run time (never in ``config validate``/dry-run), once
+    per process (the launcher's prepare, then an in-process worker, ask the same arguments).
 
     Returns one (key, value, reason) note per kernel-only argument set to a non-default value;
     raises ConfigError (exit 2, one line) for the first refused one.
     """
+    return args.once(("run_time_notes", module), lambda: _run_time_notes(args, given, module))
+
+
+def _run_time_notes(args, given: set[str], module: str) -> list[tuple[str, Any, str]]:
     notes = []
     table = megatron_lm_table()
     for dest in table:

@@ -348,13 +348,21 @@ def _check_pipeline_layout(args, pp: int, m: str) -> None:
 
 
 def check_parallel_layout(args, world_size: int | None, *, module: str = "pre_trainer") -> int | None:
-    """Fail fast, one line per mistake, on layouts Megatron would assert on later.
+    """Fail fast, one line per mistake, on layouts Megatron would assert on later; each part once per
+    process on the same arguments (the split of the model, then its fit to ``world_size``).
 
     Returns the data-parallel size when ``world_size`` is known.
     """
-    m = f"modules.{module}"
+    args.once(("layout",), lambda: _check_model_split(args, f"modules.{module}"))
+    if world_size is None:
+        return None
+    return args.once(("layout", world_size), lambda: _check_world(args, world_size, f"modules.{module}"))
+
+
+def _check_model_split(args, m: str) -> None:
+    """What the layout needs of the model and the batch, whatever the world size."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    ep, etp = args.expert_model_parallel_size, args.expert_tensor_parallel_size or tp
+    etp = args.expert_tensor_parallel_size or tp
     if args.num_attention_heads % tp:
         raise ConfigError(f"{m}: num_attention_heads ({args.num_attention_heads}) is not divisible by "
                           f"tensor_model_parallel_size ({tp})")
@@ -385,8 +393,12 @@ def check_parallel_layout(args, world_size: int | None, *, module: str = "pre_tr
     if args.num_experts is not None and args.moe_ffn_hidden_size and args.moe_ffn_hidden_size % etp:
         raise ConfigError(f"{m}: moe_ffn_hidden_size ({args.moe_ffn_hidden_size}) is not divisible by "
                           f"expert_tensor_parallel_size ({etp})")
-    if world_size is None:
-        return None
+
+
+def _check_world(args, world_size: int, m: str) -> int:
+    """The layout against the world size; the data-parallel size."""
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    ep, etp = args.expert_model_parallel_size, args.expert_tensor_parallel_size or tp
     if world_size % (tp * pp):
         raise ConfigError(f"{m}: world size ({world_size}) is not divisible by tensor_model_parallel_size x "
                           f"pipeline_model_parallel_size ({tp} x {pp} = {tp * pp})")
