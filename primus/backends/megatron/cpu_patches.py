@@ -16,6 +16,8 @@ import logging
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from primus.backends.megatron.fsdp_patches import FSDP2_FIXES
+
 logger = logging.getLogger("primus.megatron.cpu_patches")
 
 # Verified against megatron-core 0.16.1; the hard-coded CUDA sites are the same across 0.16.x.
@@ -388,129 +390,9 @@ def patch_mla_without_transformer_engine() -> None:
         mla.TEColumnParallelLinear = mla.TELinear = mla.Linear = mla.set_save_original_input = None
 
 
-def patch_fsdp2_finish_grad_sync_signature() -> None:
-    """megatron-core's FSDP2 wrapper accepts ``finish_grad_sync(force_all_reduce=...)``.
-
-    Why (megatron-core 0.16, any device): ``finalize_model_grads`` calls
-    ``model_chunk.finish_grad_sync(force_all_reduce=...)`` on every chunk, but
-    ``TorchFullyShardedDataParallel`` inherits ``_BaseDataParallel.finish_grad_sync(self)``, so the
-    first FSDP2 training step fails with "unexpected keyword argument 'force_all_reduce'".
-    Megatron-LM fixed it upstream (NVIDIA/Megatron-LM#4953) exactly so: FSDP2 takes the keyword and
-    does what it did (its gradients are reduce-scattered by ``fully_shard`` in backward).
-    """
-    from megatron.core.distributed.torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel
-
-    if "finish_grad_sync" in vars(TorchFullyShardedDataParallel):
-        return
-
-    def finish_grad_sync(self, force_all_reduce=False):
-        super(TorchFullyShardedDataParallel, self).finish_grad_sync()
-
-    TorchFullyShardedDataParallel.finish_grad_sync = finish_grad_sync
-
-
-def patch_fsdp2_optimizer_param_identity() -> None:
-    """The optimizer's checkpoint finds FSDP2 parameters by the identity of their local shard again.
-
-    Why (megatron-core 0.16 with torch >= 2.13, any device): the optimizer's ``sharded_state_dict``
-    pairs each optimizer state with the model's ShardedTensor by ``id()``: the model side holds
-    ``dtensor._local_tensor``, the optimizer side ``to_local_if_dtensor(param)``, which relied on
-    ``DTensor.to_local()`` returning ``_local_tensor`` itself under ``no_grad``. Since PyTorch 2.13
-    (pytorch/pytorch#166156) ``to_local()`` of a ``Parameter(DTensor)`` returns a fresh view, no id
-    matches, and every FSDP2 checkpoint fails with "Param id 0 does not match any model sharded
-    param". Here the checkpoint mapping gets the local shard itself, as before.
-    """
-    from megatron.core.dist_checkpointing import optimizer as optim_ckpt
-
-    original = optim_ckpt.to_local_if_dtensor
-    if getattr(original, "_primus_identity", False):
-        return
-
-    def to_local_if_dtensor(tensor):
-        local = getattr(tensor, "_local_tensor", None)
-        return local if local is not None else original(tensor)
-
-    to_local_if_dtensor._primus_identity = True
-    optim_ckpt.to_local_if_dtensor = to_local_if_dtensor
-
-
-def patch_fsdp2_swiglu_checkpoint_layout() -> None:
-    """An FSDP2 model's fused SwiGLU ``linear_fc1`` is saved where its rows belong (upstream #5714).
-
-    Why (megatron-core 0.16, any device): ``linear_fc1`` holds [W; V] (the two SwiGLU halves) and
-    its sharded state dict splits each rank's rows into a W half and a V half. Under FSDP2 a rank
-    holds a data-parallel slice of those rows, which lies wholly in W or in V, yet 0.16 still
-    halves it: with DP 2, rank 0's "V" is the second half of W. An FSDP2 run resumes from its own
-    checkpoint (the same mislabelling both ways) but any other layout (plain DDP, another DP size,
-    an export) reads W and V scrambled. Megatron-LM fixed it in NVIDIA/Megatron-LM#5714 (2026-07);
-    this is that fix: for an FSDP2 ``linear_fc1`` each DP slice is one ShardedTensor at its place
-    in the TP-then-DP order of W, then V.
-    """
-    import contextvars
-
-    import torch
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-    from megatron.core.transformer import mlp
-
-    if getattr(mlp.apply_swiglu_sharded_factory, "_primus_fsdp2", False):
-        return
-    original_factory, original_sharded_state_dict = mlp.apply_swiglu_sharded_factory, mlp.MLP.sharded_state_dict
-    fsdp2_groups = contextvars.ContextVar("primus_fsdp2_swiglu_groups", default=None)
-
-    def dp_sharded_factory(original_sh_ten, sharded_offsets, tp_group, dp_group):
-        axis = len(sharded_offsets)  # the SwiGLU axis (0) after the prepended axes
-        local_size = original_sh_ten.local_shape[0]
-        tp_size, tp_rank, dp_size, dp_rank = tp_group.size(), tp_group.rank(), dp_group.size(), dp_group.rank()
-        half_size = original_sh_ten.global_shape[axis] // tp_size // 2  # one TP rank's W (or V) rows
-        if half_size % local_size or dp_size != 2 * (half_size // local_size):
-            raise ValueError(f"{original_sh_ten.key}: FSDP2 must shard linear_fc1 so that each data-parallel "
-                             "slice lies wholly inside W or V of SwiGLU")
-        per_half = half_size // local_size
-        half, index = divmod(dp_rank, per_half)
-        offset = half * tp_size * per_half + tp_rank * per_half + index
-        fragments = original_sh_ten.axis_fragmentations[axis]
-
-        @torch.no_grad()
-        def build(key, t, replica_id, flattened_range):
-            return [ShardedTensor.from_rank_offsets(key, t, *sharded_offsets, (axis, offset, fragments),
-                                                    replica_id=replica_id, prepend_axis_num=axis)]
-
-        factory = original_factory(original_sh_ten, sharded_offsets)
-        factory.build_fn = build
-        return factory
-
-    def apply_swiglu_sharded_factory(original_sh_ten, sharded_offsets, singleton_local_shards=False):
-        groups = fsdp2_groups.get()
-        if groups is None or singleton_local_shards:
-            return original_factory(original_sh_ten, sharded_offsets, singleton_local_shards)
-        return dp_sharded_factory(original_sh_ten, sharded_offsets, *groups)
-
-    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
-        from megatron.core import parallel_state
-        from torch.distributed.tensor import DTensor
-
-        groups = None
-        if isinstance(getattr(self.linear_fc1, "weight", None), DTensor):
-            dp_group = (metadata or {}).get("dp_cp_group") or \
-                parallel_state.get_data_parallel_group(with_context_parallel=True)
-            if dp_group.size() > 1:
-                groups = (self.tp_group, dp_group)
-        token = fsdp2_groups.set(groups)
-        try:
-            return original_sharded_state_dict(self, prefix, sharded_offsets, metadata)
-        finally:
-            fsdp2_groups.reset(token)
-
-    apply_swiglu_sharded_factory._primus_fsdp2 = True
-    mlp.apply_swiglu_sharded_factory = apply_swiglu_sharded_factory
-    mlp.MLP.sharded_state_dict = sharded_state_dict
-
-
 # Upstream bugs that are not about CPU: applied on every device (same version gate).
 UPSTREAM_FIXES = (patch_identity_reduce_for_single_rank_groups, patch_local_attention_mla_head_dims,
-                  patch_mla_without_transformer_engine, patch_torch_norm_sequence_parallel,
-                  patch_fsdp2_finish_grad_sync_signature, patch_fsdp2_optimizer_param_identity,
-                  patch_fsdp2_swiglu_checkpoint_layout)
+                  patch_mla_without_transformer_engine, patch_torch_norm_sequence_parallel, *FSDP2_FIXES)
 
 
 def apply_upstream_fixes() -> list[str]:

@@ -148,7 +148,11 @@ def save(root: Path, chunks, optimizer, scheduler, args, *, iteration: int, cons
 
 
 def read(file: Path) -> dict:
-    """One rank's file, as Megatron-LM reads it; a missing or unreadable one is a ConfigError naming it."""
+    """One rank's file, as Megatron-LM reads it; a missing or unreadable one is a ConfigError naming it.
+
+    ``weights_only`` with megatron-core's safe globals and ``bytes`` (``torch.save`` pickles with
+    protocol 2, where bytes - in Transformer Engine's ``BytesIO`` extra states - are a global).
+    """
     import megatron.core  # noqa: F401  (registers the safe globals Megatron-LM checkpoints need)
     import torch
 
@@ -156,10 +160,12 @@ def read(file: Path) -> dict:
         raise ConfigError(f"load: {file} is missing (the legacy checkpoint has no file for this rank: was it "
                           "written with other tensor / pipeline / expert parallel sizes?)")
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals([bytes]):
+            return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a pickle error, a truncated zip: the file is unusable
-        raise ConfigError(f"load: {file} does not load ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") \
-            from None
+        lines = str(exc).splitlines() or [""]
+        why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0])
+        raise ConfigError(f"load: {file} does not load ({type(exc).__name__}: {why[:200]})") from None
 
 
 def check_layout(state: dict, args, file: Path) -> None:
