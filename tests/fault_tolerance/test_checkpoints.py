@@ -4,8 +4,9 @@ A damaged newest checkpoint: verified before resuming, skipped with a warning na
 file (and moved aside, never deleted), or refused (exit 2) when no checkpoint is usable.
 
 Unit tests use real ``torch.distributed.checkpoint`` directories in both layouts (TorchTitan
-``step-N``, Megatron ``iter_NNNNNNN`` with its ``common.pt``); the end-to-end test truncates a
-real TorchTitan shard and resumes through ``primus train``.
+``step-N``, Megatron ``iter_NNNNNNN`` with its ``common.pt``) and Megatron-LM's legacy per-rank
+``torch.save`` files (``ckpt_format: torch``); the end-to-end test truncates a real TorchTitan
+shard and resumes through ``primus train``.
 """
 from __future__ import annotations
 

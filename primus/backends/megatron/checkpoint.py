@@ -174,17 +174,16 @@ def save_checkpoint(root: Path, chunks, optimizer, scheduler, args, *, iteration
     from megatron.core import dist_checkpointing
 
     save_optimizer, save_rng = not args.no_save_optim, not args.no_save_rng
-    if args.ckpt_format == "torch":
-        from primus.backends.megatron import legacy_checkpoint
-
-        return legacy_checkpoint.save(root, chunks, optimizer, scheduler, args, iteration=iteration,
-                                      consumed_samples=consumed_samples, save_optimizer=save_optimizer,
-                                      save_rng=save_rng)
     target = iteration_dir(root, iteration)
     if dist.get_rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    if args.ckpt_format == "fsdp_dtensor":
+    if args.ckpt_format == "torch":
+        from primus.backends.megatron import legacy_checkpoint
+
+        legacy_checkpoint.save(target, chunks, optimizer, scheduler, args, iteration=iteration,
+                               consumed_samples=consumed_samples, save_optimizer=save_optimizer, save_rng=save_rng)
+    elif args.ckpt_format == "fsdp_dtensor":
         from primus.backends.megatron.fsdp import save_fsdp_dtensor
 
         save_fsdp_dtensor(target, chunks, optimizer, scheduler, args, iteration=iteration,

@@ -390,9 +390,40 @@ def patch_mla_without_transformer_engine() -> None:
         mla.TEColumnParallelLinear = mla.TELinear = mla.Linear = mla.set_save_original_input = None
 
 
+def patch_distrib_optimizer_legacy_load_with_torch_adam() -> None:
+    """The distributed optimizer's legacy ``distrib_optim.pt`` loads into torch's Adam.
+
+    Why (megatron-core 0.16 without Transformer Engine / Apex, any device; still so in Megatron-LM
+    main): ``load_parameter_state_from_dp_zero`` hands each parameter its ``param``, ``exp_avg`` and
+    ``exp_avg_sq`` shards, and ``_set_main_param_and_optimizer_states`` copies every key of the
+    optimizer's state from them; torch's Adam also keeps a per-parameter ``step`` there (TE's and
+    Apex's fused Adam keep it in the param group), so resuming a ``ckpt_format: torch`` checkpoint
+    with ``use_distributed_optimizer`` fails with KeyError 'step'. Here the keys the file holds are
+    copied; ``step`` comes from the checkpoint's param groups, as for torch_dist.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(original, "_primus_torch_adam", False):
+        return
+
+    def _set_main_param_and_optimizer_states(self, model_param, tensors):
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return original(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        for key, target in {"param": main_param, **self.optimizer.state[main_param]}.items():
+            if key in tensors:
+                target.copy_(tensors[key])
+
+    _set_main_param_and_optimizer_states._primus_torch_adam = True
+    DistributedOptimizer._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+
+
 # Upstream bugs that are not about CPU: applied on every device (same version gate).
 UPSTREAM_FIXES = (patch_identity_reduce_for_single_rank_groups, patch_local_attention_mla_head_dims,
-                  patch_mla_without_transformer_engine, patch_torch_norm_sequence_parallel, *FSDP2_FIXES)
+                  patch_mla_without_transformer_engine, patch_torch_norm_sequence_parallel,
+                  patch_distrib_optimizer_legacy_load_with_torch_adam, *FSDP2_FIXES)
 
 
 def apply_upstream_fixes() -> list[str]:

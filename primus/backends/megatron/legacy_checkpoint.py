@@ -108,16 +108,14 @@ def _rng_states(args) -> list[dict]:
     return [state]
 
 
-def save(root: Path, chunks, optimizer, scheduler, args, *, iteration: int, consumed_samples: int,
-         save_optimizer: bool, save_rng: bool) -> Path:
-    """Write ``<root>/iter_NNNNNNN`` in Megatron-LM's legacy layout, then the tracker (after every rank)."""
+def save(target: Path, chunks, optimizer, scheduler, args, *, iteration: int, consumed_samples: int,
+         save_optimizer: bool, save_rng: bool) -> None:
+    """Write this rank's part of ``target`` (``<root>/iter_NNNNNNN``) in Megatron-LM's legacy layout (the
+    caller then writes the tracker, once every rank has saved)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from primus.backends.megatron.checkpoint import TRACKER, iteration_dir
-
-    target = iteration_dir(root, iteration)
     own_file = this_rank_file(target)
     own_file.parent.mkdir(parents=True, exist_ok=True)
     rng = _rng_states(args) if save_rng else None
@@ -135,16 +133,9 @@ def save(root: Path, chunks, optimizer, scheduler, args, *, iteration: int, cons
             state["opt_param_scheduler"] = scheduler.state_dict()
         if rng is not None:
             state["rng_state"] = rng
-        partial = own_file.with_name(own_file.name + ".tmp")
+        partial = own_file.with_name(f"{own_file.name}.tmp{dist.get_rank()}")
         torch.save(state, partial)
         partial.replace(own_file)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        tmp = Path(root) / (TRACKER + ".tmp")
-        tmp.write_text(str(iteration))
-        tmp.replace(Path(root) / TRACKER)
-    dist.barrier()
-    return target
 
 
 def read(file: Path) -> dict:

@@ -43,6 +43,17 @@ def test_tp2_pp2_saves_megatron_lm_layout_and_resumes_on_the_same_curve(runs):
 
 
 @pytest.mark.e2e
+def test_distributed_optimizer_state_resumes_from_distrib_optim_pt(runs):
+    """DP=2 with use_distributed_optimizer: the Adam shards are gathered into distrib_optim.pt and scattered
+    back (needs patch_distrib_optimizer_legacy_load_with_torch_adam without TE / Apex)."""
+    options = {"ckpt_format": "torch", "use_distributed_optimizer": True, "save_interval": 2}
+    full = runs("legacy_dp2", 2, **options)
+    assert (runs.root / "legacy_dp2" / "checkpoints" / "iter_0000002" / "mp_rank_00" / "distrib_optim.pt").is_file()
+    resumed = runs("legacy_dp2_resumed", 2, resume_from=("legacy_dp2", 2), **options)
+    assert losses(resumed) == pytest.approx(losses(full)[2:], abs=1e-5)
+
+
+@pytest.mark.e2e
 def test_a_checkpoint_in_megatron_lm_own_layout_loads_and_gives_the_same_loss(runs, base, tmp_path):
     full = runs("legacy", 4, **LEGACY)
     params = tmp_path / "params.json"
