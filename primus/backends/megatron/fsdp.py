@@ -19,6 +19,7 @@ from pathlib import Path
 
 from primus.backends.megatron.arguments import MegatronArgs
 
+
 def sharding(args: MegatronArgs) -> str | None:
     """'torch_fsdp2', 'megatron_fsdp' or None (Megatron DDP)."""
     if args.use_torch_fsdp2:
@@ -38,7 +39,11 @@ def _ddp_config_kwargs(args: MegatronArgs) -> dict:
     kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(DistributedDataParallelConfig)
               if f.name in type(args).model_fields}
     kwargs.update(grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-                  check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad, bucket_size=args.ddp_bucket_size)
+                  check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+                  check_for_large_grads=args.check_for_large_grads, bucket_size=args.ddp_bucket_size,
+                  pad_buckets_for_high_nccl_busbw=args.ddp_pad_buckets_for_high_nccl_busbw,
+                  reduce_scatter_with_fp32_accumulation=args.ddp_reduce_scatter_with_fp32_accumulation,
+                  average_in_collective=args.ddp_average_in_collective)
     return kwargs
 
 
@@ -144,9 +149,10 @@ def is_fsdp_dtensor(source: Path) -> bool:
 
 
 def _fsdp_dtensor_state(chunks: list, optimizer, scheduler, args, *, iteration: int, consumed_samples: int,
-                        rng_state, with_optimizer: bool) -> tuple[dict, object]:
+                        rng_state, with_optimizer: bool, is_loading: bool) -> tuple[dict, dict]:
     """Megatron-LM's ``generate_state_dict`` for ``fsdp_dtensor`` and its ``preprocess_fsdp_dtensor_state_dict``;
-    returns (the state to save or load into, the unwrapped first model chunk)."""
+    returns (the state to save or load into, the same before preprocessing: model and optimizer state dicts
+    as ``load_state_dict`` takes them)."""
     from megatron.core import parallel_state
     from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
         preprocess_state_dict_for_uneven_dtensor,
@@ -164,10 +170,11 @@ def _fsdp_dtensor_state(chunks: list, optimizer, scheduler, args, *, iteration: 
     for i, module in enumerate(modules):
         state["model" if len(modules) == 1 else f"model{i}"] = module.state_dict_for_save_checkpoint()
     if with_optimizer:
-        metadata = {"distrib_optim_sharding_type": "fsdp_dtensor", "singleton_local_shards": False,
-                    "chained_optim_avoid_prefix": True,
+        metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
                     "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
-        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
+        if args.use_distributed_optimizer:
+            metadata["distrib_optim_sharding_type"] = "fsdp_dtensor"
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=metadata)
         state["opt_param_scheduler"] = scheduler.state_dict()
     if rng_state is not None:
         key = f"({parallel_state.get_pipeline_model_parallel_rank()}, {parallel_state.get_tensor_model_parallel_rank()})"
@@ -192,7 +199,7 @@ def save_fsdp_dtensor(target: Path, chunks: list, optimizer, scheduler, args, *,
 
     state, _ = _fsdp_dtensor_state(chunks, optimizer, scheduler, args, iteration=iteration,
                                    consumed_samples=consumed_samples, rng_state=rng_state,
-                                   with_optimizer=not args.no_save_optim)
+                                   with_optimizer=not args.no_save_optim, is_loading=False)
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(target)))
 
 
@@ -208,9 +215,10 @@ def load_fsdp_dtensor(source: Path, chunks: list, optimizer, scheduler, args, *,
     from primus.backends.megatron.checkpoint import rng_streams
 
     state, raw = _fsdp_dtensor_state(chunks, optimizer, scheduler, args, iteration=0, consumed_samples=0,
-                                     rng_state=[rng_streams()] if with_rng else None, with_optimizer=with_optimizer)
-    dcp.load_state_dict(state_dict=state, storage_reader=dcp.FileSystemReader(str(source)),
-                        planner=default_planner.DefaultLoadPlanner(allow_partial_load=True))
+                                     rng_state=[rng_streams()] if with_rng else None, with_optimizer=with_optimizer,
+                                     is_loading=True)
+    dcp.load(state, storage_reader=dcp.FileSystemReader(str(source)),
+             planner=default_planner.DefaultLoadPlanner(allow_partial_load=True))
     for i, chunk in enumerate(chunks):
         chunk.load_state_dict(raw["model" if len(chunks) == 1 else f"model{i}"], strict=True)
     if with_optimizer:

@@ -126,3 +126,17 @@ def test_model_keys_are_strict_but_te_fp8_metadata_is_dropped(tmp_path):
     assert set(state) == {"weight", "bias"} and notes and "1 _extra_state entries" in notes[0][1]
     with pytest.raises(ConfigError, match="1 missing .*'bias'.*1 unexpected .*'other'"):
         model_state_for(module, {"weight": torch.ones(2, 2), "other": torch.ones(1)}, tmp_path / "f.pt", print)
+
+
+def test_a_release_checkpoint_is_found_as_megatron_lm_finds_it(tmp_path):
+    """A converted model (tracker "release", directory release/): weights only, from iteration 0."""
+    from primus.backends.megatron.checkpoint import _source, latest_iteration
+
+    (tmp_path / "release" / "mp_rank_00").mkdir(parents=True)
+    torch.save({"model": {}}, tmp_path / "release" / "mp_rank_00" / "model_optim_rng.pt")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("release\n")
+    assert latest_iteration(tmp_path) == 0
+    assert _source(tmp_path) == (tmp_path / "release", 0, True)
+    (tmp_path / "release" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"PK\x03\x04 cut")
+    with pytest.raises(ConfigError, match="release/mp_rank_00/model_optim_rng.pt is damaged"):
+        _source(tmp_path)
