@@ -243,6 +243,10 @@ def _load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tup
     with_optimizer = not (args.finetune or args.no_load_optim or release)
     with_rng = not (args.finetune or args.no_load_rng or release)
     if legacy_checkpoint.is_legacy(source):
+        if fsdp.sharding(args):
+            raise ConfigError(f"load: {source} is a legacy checkpoint (ckpt_format: torch), which holds whole "
+                              "tensors per model-parallel rank; FSDP runs load torch_dist (FSDP2) or fsdp_dtensor "
+                              "checkpoints: save it once in ckpt_format: torch_dist from a run without FSDP")
         log("load", str(source), "Megatron-LM's legacy checkpoint layout (ckpt_format: torch)")
         state, consumed = legacy_checkpoint.load(source, chunks, optimizer, args, with_optimizer=with_optimizer,
                                                  with_rng=with_rng, log=log)
