@@ -161,7 +161,13 @@ class MegatronRecipe(Recipe):
         from primus.backends.megatron.hf_adapter import megatron_to_hf
 
         root = plan.checkpoint.directory
-        step, path = pick_step(saved_steps(root, ITERATION, complete="metadata.json"), step, root)
+        steps = saved_steps(root, ITERATION, complete="metadata.json")
+        from primus.backends.megatron.legacy_checkpoint import is_legacy
+
+        if not steps and any(is_legacy(p) for p in root.glob("iter_*")):
+            raise ConfigError(f"{root}: the run saved Megatron-LM's legacy layout (ckpt_format: torch); export reads "
+                              "torch_dist checkpoints (resume the run for a step with ckpt_format: torch_dist)")
+        step, path = pick_step(steps, step, root)
         source, spec = None, plan.model
         if plan.checkpoint.format == "hf":  # the HF model it started from: its config and unpadded vocabulary
             from primus.hf.config import model_spec_from_hf, read_config
