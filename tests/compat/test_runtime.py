@@ -2,7 +2,8 @@
 import pytest
 
 from primus.compat.rules import Translation
-from primus.compat.runtime import announce, check_runnable, localize_hub_references
+from primus.backends.megatron.hub import localize_hub_references
+from primus.compat.runtime import announce, check_runnable
 from primus.config.errors import ConfigError
 from primus.config.resolve import ResolvedModule
 from primus.runtime.averages import StepAverages
@@ -29,18 +30,16 @@ def test_a_feature_refused_at_run_time_stops_the_launch_in_one_line():
 
 
 def test_mock_data_needs_no_hub_tokenizer_when_the_model_knows_its_vocabulary():
-    derived = []
     params = {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": "meta-llama/Llama-3.1-8B",
               "mock_data": True, "vocab_size": 128256}
-    out = localize_hub_references("megatron", params, local_rank=0, log_derived=lambda *a: derived.append(a))
-    assert out["tokenizer_type"] == "NullTokenizer" and out["tokenizer_model"] == "meta-llama/Llama-3.1-8B"
-    assert derived[0][0] == "tokenizer_type" and "not fetched" in derived[0][2]
+    [derived] = localize_hub_references(params)
+    assert (derived.key, derived.value) == ("tokenizer_type", "NullTokenizer") and "not fetched" in derived.reason
     assert params["tokenizer_type"] == "HuggingFaceTokenizer"  # the caller's dict is untouched
 
 
 def test_a_local_tokenizer_directory_is_left_alone(tmp_path):
     params = {"tokenizer_model": str(tmp_path), "tokenizer_type": "HuggingFaceTokenizer"}
-    assert localize_hub_references("megatron", params, local_rank=0, log_derived=None) is params
+    assert localize_hub_references(params) == []
 
 
 def step(n, time_s):

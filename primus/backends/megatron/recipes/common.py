@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from primus.plan.model import ModelSpec
     from primus.runtime.context import RunContext
 
-# Keys a run reads that AMD's experiment files fill with Hugging Face Hub ids, and what each one is.
-HUB_KEYS = [("hf_path", "model"), ("sft_dataset_name", "dataset"), ("sft_valid_dataset_name", "dataset")]
 
 
 @dataclass
@@ -127,7 +125,9 @@ class MegatronRecipe(Recipe):
         run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
         root = tiny_assets_dir(plan.module.params)
         if root is None:
-            return _localize(plan.module.params)
+            from primus.backends.megatron.hub import localize_hub_references
+
+            return localize_hub_references(plan.module.params)
         if is_post_training(plan.module.params):  # the tiny HF model and instruction set the run names
             from primus.hf.tiny import ensure_tiny_sft_assets
 
@@ -180,19 +180,3 @@ class MegatronRecipe(Recipe):
 
             tensors = merge_lora_tensors(tensors, plan.lora.scale)
         return HFWeights(megatron_to_hf(tensors, spec), spec, source, plan.engine_config.tokenizer_model, path, step)
-
-
-def _localize(params: dict[str, Any]) -> list[Derived]:
-    """The model, instruction data and tokenizer named by Hub id, fetched into this node's HF cache."""
-    from primus.compat.hub import is_hub_id, localize
-
-    token = (params.get("primus") or {}).get("hf_token")
-    found = [Derived(*item) for item in localize(params, HUB_KEYS, token=token)]
-    reference = params.get("tokenizer_model")
-    if not is_hub_id(reference):
-        return found
-    real_data = any(params.get(k) for k in ("data_path", "train_data_path", "valid_data_path", "test_data_path"))
-    if params.get("mock_data") and not real_data and params.get("vocab_size"):
-        return [*found, Derived("tokenizer_type", "NullTokenizer", f"mock_data: random tokens need no tokenizer, "
-                                f"so '{reference}' is not fetched; vocab_size {params['vocab_size']} from the model")]
-    return [*found, *(Derived(*item) for item in localize(params, [("tokenizer_model", "tokenizer")], token=token))]
