@@ -22,10 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _resolve(args: argparse.Namespace, overrides: list[str]):
-    from primus.config.resolve import resolve_experiment
-    from primus.runtime.registry import backend_defaults, backend_derived
+    from primus.launch.experiment import resolve
 
-    return resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
+    return resolve(args.exp, overrides)
 
 
 def _show(args: argparse.Namespace, overrides: list[str]) -> int:

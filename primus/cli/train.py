@@ -4,45 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
-    """Executor flags shared by ``train`` and ``preflight`` (they override the ``launcher:`` files)."""
-    group = parser.add_argument_group("launcher", "override the launcher: section of ~/.primus.yaml and "
-                                                  "./.primus.yaml (or --launcher-config)")
-    choice = group.add_mutually_exclusive_group()
-    choice.add_argument("--executor", choices=["local", "multi-node", "slurm", "srun", "container"],
-                        help="how to run (default: container if an image is set, multi-node if NNODES > 1, else local)")
-    choice.add_argument("--slurm", dest="executor", action="store_const", const="slurm",
-                        help="submit a Slurm batch job (one task per node); extra sbatch flags after --")
-    choice.add_argument("--srun", dest="executor", action="store_const", const="srun",
-                        help="run as a job step inside an existing Slurm allocation")
-    group.add_argument("--launcher-config", metavar="FILE", help="project launcher file (default ./.primus.yaml)")
-    group.add_argument("--nproc-per-node", type=int, help="processes on this node (env GPUS_PER_NODE, default 1)")
-    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=int, help="nodes in the job (env NNODES)")
-    group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK, default 0)")
-    group.add_argument("--master-addr", help="rendezvous host = node 0 (env MASTER_ADDR)")
-    group.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT)")
-    group.add_argument("--rdzv-id", help="rendezvous / attempt id shared by all nodes (env PRIMUS_JOB_ID)")
-    group.add_argument("--rdzv-timeout", type=int, help="seconds for every node to join (default 300)")
-    group.add_argument("--local-addr", help="this node's address for worker traffic (default: its hostname)")
-    group.add_argument("--partition", help="Slurm partition")
-    group.add_argument("--time", help="Slurm time limit")
-    group.add_argument("--account", help="Slurm account")
-    group.add_argument("--gpus-per-node", type=int, help="Slurm GPUs per node (also processes per node)")
-    group.add_argument("--container", metavar="IMAGE", help="run inside this image (docker, podman or apptainer)")
-    group.add_argument("--container-engine", choices=["auto", "docker", "podman", "apptainer"])
-    group.add_argument("--container-python", metavar="PY",
-                       help="the image's own interpreter (e.g. python3): Primus is installed into it with "
-                            "pip install --no-deps -e at start, keeping the image's torch")
-    group.add_argument("--container-env-secrets", action="store_const", const=True,
-                       help="also pass *_TOKEN/*_KEY/*_SECRET/*PASSWORD* variables into the container")
-    if train:
-        group.add_argument("--max-restarts", type=int,
-                           help="restart failed workers up to K times (torchelastic); they resume from the latest "
-                                "checkpoint")
-        group.add_argument("--no-shared-fs", dest="shared_fs", action="store_const", const=False,
-                           help="nodes > 0 write their own copy of the run dir instead of waiting for node 0's")
-        group.add_argument("--run-dir-timeout", type=int, help="seconds a node > 0 waits for node 0's run dir")
+from primus.launch.flags import add_launcher_flags
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -90,11 +52,10 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from pathlib import Path
 
     from primus.config.errors import ConfigError
-    from primus.config.resolve import resolve_experiment
     from primus.launch import executors
+    from primus.launch.experiment import resolve
     from primus.launch.job import plan_module, run_training_job, select_module
     from primus.launch.plan import plan_from_config
-    from primus.runtime.registry import backend_defaults, backend_derived
     from primus.runtime.rundir import RunDir
 
     args.exp = experiment_argument(args, extras)
@@ -107,7 +68,7 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     executor = config.resolved_executor()
     if sbatch_extra and executor != "slurm":
         raise ConfigError(f"flags after --: {' '.join(sbatch_extra)} are sbatch flags (use with --slurm)")
-    resolved = resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
+    resolved = resolve(args.exp, overrides)
     for line in resolved.provenance.overridden:  # Primus replaced something the user wrote: say so
         print(f"[primus] derived {line}", file=sys.stderr, flush=True)
     module = select_module(resolved, args.module)

@@ -14,8 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from primus.compat import common, megatron, nemo_automodel, torchtitan
+from primus.compat.families import framework_reason, model_reason
 from primus.compat.rules import Rule, Translation
 from primus.compat.translate import CompatContext, apply_rules
+from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
 
 TABLES: dict[str, dict[str, Rule]] = {
@@ -24,7 +26,7 @@ TABLES: dict[str, dict[str, Rule]] = {
     "nemo_automodel": nemo_automodel.RULES,
 }
 
-__all__ = ["TABLES", "Translation", "translate_module"]
+__all__ = ["AMD_PRIMUS", "TABLES", "Translation", "translate_module"]
 
 
 def translate_module(name: str, framework: str, params: dict[str, Any], *, stage: str, stage_explicit: bool,
@@ -34,3 +36,39 @@ def translate_module(name: str, framework: str, params: dict[str, Any], *, stage
     apply_rules(ctx, common.RULES)
     apply_rules(ctx, TABLES.get(framework, {}))
     return ctx.stage, ctx.translations
+
+
+class AmdPrimus:
+    """AMD Primus's dialect, for ``primus.config.resolve.resolve_experiment(..., dialect=AMD_PRIMUS)``."""
+
+    def refuse(self, experiment: dict[str, Any], provenance: Provenance) -> None:
+        """AMD Primus's trainers and model families Primus does not run (MaxText, Megatron-Bridge, Flux, ...):
+        one line with the reason, before the schema trips over the other keys their files carry."""
+        modules = experiment.get("modules")
+        for name, module in (modules.items() if isinstance(modules, dict) else ()):
+            if not isinstance(module, dict):
+                continue
+            framework, model = str(module.get("framework")), module.get("model")
+            reason = framework_reason(framework)
+            key = f"modules.{name}.framework"
+            if reason is None and isinstance(model, str):
+                reason, key = model_reason(framework, model), f"modules.{name}.model"
+            if reason is not None:
+                what = f"framework '{framework}'" if key.endswith("framework") else f"model preset '{model}'"
+                raise ConfigError(f"{provenance.describe(key)}: {what}: {reason}")
+            if "trainer_class" in module:
+                key = f"modules.{name}.trainer_class"
+                raise ConfigError(f"{provenance.describe(key)}: {key}: AMD Primus's trainer class "
+                                  f"'{module['trainer_class']}' is not a Primus trainer: the framework's own trainer "
+                                  f"runs (remove trainer_class)")
+
+    def unknown_model(self, framework: str, model: str) -> str | None:
+        return model_reason(framework, model)
+
+    def translate(self, name: str, framework: str, params: dict[str, Any], *, stage: str, stage_explicit: bool,
+                  experiment: dict[str, Any], provenance: Provenance) -> tuple[str, list[Translation]]:
+        return translate_module(name, framework, params, stage=stage, stage_explicit=stage_explicit,
+                                experiment=experiment, provenance=provenance)
+
+
+AMD_PRIMUS = AmdPrimus()

@@ -52,13 +52,10 @@ def _torch_compile(value: Any, ctx, key: str) -> None:
 
 
 def _lora(value: Any, ctx, key: str) -> None:
-    """AMD Primus's LoRA block is also Primus's: the Megatron backend reads it (primus/backends/megatron/lora.py,
-    which says what it does when the run is planned); checked here so an error cites the file's line."""
-    from primus.backends.megatron.lora import parse_lora
-
-    if not parse_lora(value, f"{ctx.prefix}.{key}", ctx.where(key)).enabled:
+    """AMD Primus's LoRA block is also Primus's: it stays for the Megatron backend, whose lora recipe reads
+    and checks it (primus/backends/megatron/recipes/lora.py); a block that is off is said so here."""
+    if not (isinstance(value, dict) and value.get("enabled") is True):
         ctx.note(key, value, "LoRA off")
-        return
     ctx.params[key] = value
 
 

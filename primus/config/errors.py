@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from primus.config.synonyms import synonym_in
+
 
 _SECRET_VALUES: set[str] = set()  # values of secret keys met so far (primus.config.secrets.remember_secrets)
 _MASK = "<redacted>"
@@ -72,8 +74,6 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
 
     Whole underscore-separated words count first (``expert_model_parallel_sise`` is closest to
     ``expert_model_parallel_size``, not ``pipeline_model_parallel_size``), then characters."""
-    from primus.compat.synonyms import synonym_in  # data only; imported late (compat imports config)
-
     candidates = [str(c) for c in candidates]
     word = str(word)
     synonym = synonym_in(word, candidates)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from primus.config.errors import ConfigError
 from primus.config.overrides import overrides_layer, parse_overrides
@@ -28,6 +28,21 @@ DefaultsFn = Callable[[str, str, str, str], dict[str, Any]]  # (framework, stage
 DeriveFn = Callable[[str, dict[str, Any]], list[tuple[str, Any, str]]]
 
 
+class Dialect(Protocol):
+    """Another project's spelling of experiments (AMD Primus's: ``primus.compat.AMD_PRIMUS``), put into
+    resolution by its caller: config knows the hook, not the dialect."""
+
+    def refuse(self, experiment: dict[str, Any], provenance: Provenance) -> None:
+        """One line for a trainer or model family the dialect has and Primus does not run."""
+
+    def unknown_model(self, framework: str, model: str) -> str | None:
+        """Why a model preset of that name is not here (None: no reason known)."""
+
+    def translate(self, name: str, framework: str, params: dict[str, Any], *, stage: str, stage_explicit: bool,
+                  experiment: dict[str, Any], provenance: Provenance) -> tuple[str, list[Any]]:
+        """Rewrite ``params`` (and ``experiment``'s logging) in place; the stage and the translations."""
+
+
 @dataclass
 class ResolvedModule:
     name: str
@@ -36,7 +51,7 @@ class ResolvedModule:
     config: str | None
     model: str | None
     params: dict[str, Any]
-    translations: list[Any] = field(default_factory=list)  # primus.compat.Translation, AMD Primus names
+    translations: list[Any] = field(default_factory=list)  # the dialect's, e.g. primus.compat.Translation
 
 
 @dataclass
@@ -120,7 +135,8 @@ def _overrides_as_layer(name: str, spec: ModuleSpec, provenance: Provenance) -> 
     return Layer("experiment overrides", spec.overrides, origins, templates)
 
 
-def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenance: Provenance) -> list[Layer]:
+def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenance: Provenance,
+                   dialect: Dialect | None) -> list[Layer]:
     layers: list[Layer] = []
     if module.config:
         path = find_preset(module.config, [CONFIGS_ROOT / "modules" / module.framework],
@@ -134,9 +150,7 @@ def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenan
                                relative_to=experiment_dir, what="model preset",
                                where=provenance.describe(f"modules.{name}.model"))
         except ConfigError:
-            from primus.compat.families import model_reason  # an AMD Primus family Primus does not run
-
-            reason = model_reason(module.framework, module.model)
+            reason = dialect.unknown_model(module.framework, module.model) if dialect is not None else None
             if reason is None:
                 raise
             raise ConfigError(f"{provenance.describe(f'modules.{name}.model')}: model preset '{module.model}': "
@@ -146,8 +160,10 @@ def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenan
 
 
 def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
-                       backend_defaults: DefaultsFn | None = None, derive: DeriveFn | None = None) -> ResolvedExperiment:
-    """Read, interpolate, extend, merge and schema-check an experiment (no engine imports)."""
+                       backend_defaults: DefaultsFn | None = None, derive: DeriveFn | None = None, *,
+                       dialect: Dialect | None = None) -> ResolvedExperiment:
+    """Read, interpolate, extend, merge and schema-check an experiment (no engine imports). The layers
+    above put in the backends' defaults and derivations and another project's ``dialect``."""
     source = Path(path)
     if source.is_dir():
         raise ConfigError(f"{path}: is a directory, not an experiment file")
@@ -163,7 +179,8 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     experiment_items, param_items = _route(items, module_names)
     if experiment_items:
         merge_layer(experiment, overrides_layer(experiment_items), provenance)
-    _refuse_other_trainers(experiment, provenance)  # before the schema: their files differ in more ways
+    if dialect is not None:  # before the schema: other trainers' files differ in more ways
+        dialect.refuse(experiment, provenance)
     remember_secrets(experiment)  # from here on, errors mask them
     spec: ExperimentSpec = validate_model(ExperimentSpec, experiment, provenance)
 
@@ -178,12 +195,14 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
                                         provenance.describe(f"{prefix}.stage"))
             merge_layer(params, Layer("backend defaults", defaults,
                                       {}, {}), provenance, prefix=prefix)
-        for layer in _preset_layers(name, module, source.resolve().parent, provenance):
+        for layer in _preset_layers(name, module, source.resolve().parent, provenance, dialect):
             merge_layer(params, layer, provenance, prefix=prefix)
         merge_layer(params, _overrides_as_layer(name, module, provenance), provenance, prefix=prefix)
         if param_items.get(name):
             merge_layer(params, overrides_layer(param_items[name]), provenance, prefix=prefix)
-        stage, translations = _translate_amd_names(name, module, params, spec, provenance, stage_explicit)
+        stage, translations = module.stage, []
+        if dialect is not None:
+            stage, translations = _translate(dialect, name, module, params, spec, provenance, stage_explicit)
         remember_secrets(params)
         if derive is not None:  # last: what Primus derives wins, and says so (--why, provenance.overridden)
             for key, value, reason in derive(module.framework, params, stage):
@@ -194,40 +213,13 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     return ResolvedExperiment(source=source, spec=spec, modules=modules, provenance=provenance)
 
 
-def _refuse_other_trainers(experiment: dict[str, Any], provenance: Provenance) -> None:
-    """AMD Primus's trainers and model families Primus does not run (MaxText, Megatron-Bridge, Flux, ...):
-    one line with the reason, before the schema trips over the other keys their files carry."""
-    from primus.compat.families import framework_reason, model_reason
-
-    modules = experiment.get("modules")
-    for name, module in (modules.items() if isinstance(modules, dict) else ()):
-        if not isinstance(module, dict):
-            continue
-        framework, model = str(module.get("framework")), module.get("model")
-        reason = framework_reason(framework)
-        key = f"modules.{name}.framework"
-        if reason is None and isinstance(model, str):
-            reason, key = model_reason(framework, model), f"modules.{name}.model"
-        if reason is not None:
-            what = f"framework '{framework}'" if key.endswith("framework") else f"model preset '{model}'"
-            raise ConfigError(f"{provenance.describe(key)}: {what}: {reason}")
-        if "trainer_class" in module:
-            key = f"modules.{name}.trainer_class"
-            raise ConfigError(f"{provenance.describe(key)}: {key}: AMD Primus's trainer class "
-                              f"'{module['trainer_class']}' is not a Primus trainer: the framework's own trainer "
-                              f"runs (remove trainer_class)")
-
-
-def _translate_amd_names(name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,
-                         provenance: Provenance, stage_explicit: bool):
-    """AMD Primus's spellings -> ours (primus/compat), in place; the module's stage may follow them."""
-    from primus.compat import translate_module
-
+def _translate(dialect: Dialect, name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,
+               provenance: Provenance, stage_explicit: bool):
+    """The dialect's spellings -> ours, in place; the module's stage may follow them."""
     experiment = {"logging": spec.logging.model_dump()}
-    stage, translations = translate_module(
-        name, module.framework, params, stage=module.stage,
-        stage_explicit=stage_explicit, experiment=experiment,
-        provenance=provenance)
+    stage, translations = dialect.translate(name, module.framework, params, stage=module.stage,
+                                            stage_explicit=stage_explicit, experiment=experiment,
+                                            provenance=provenance)
     spec.logging = validate_model(LoggingSpec, experiment["logging"], provenance, "logging")
     return stage, translations
 

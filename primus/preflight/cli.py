@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pre.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     pre.add_argument("--module", help="module of EXP to check (default: pre_trainer)")
     pre.add_argument("--dry-run", action="store_true", help="print what would run and exit")
-    from primus.cli.train import add_launcher_flags
+    from primus.launch.flags import add_launcher_flags
 
     add_launcher_flags(pre, train=False)  # --slurm/--srun/--container/-N ...: the same path as train
     pre.set_defaults(handler=_preflight, accepts_overrides=True)
@@ -38,11 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
     """(sizing, model, layout) of one module of an experiment, from its recipe's ``EnginePlan``."""
-    from primus.config.resolve import resolve_experiment
+    from primus.launch.experiment import resolve
     from primus.launch.job import plan_module, select_module
-    from primus.runtime.registry import backend_defaults, backend_derived
 
-    resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
+    resolved = resolve(path, overrides)
     module = select_module(resolved, module_name)
     _, plan = plan_module(resolved, module, world_size, require_engine=False)
     if plan.sizing is None or plan.model is None or plan.layout is None:

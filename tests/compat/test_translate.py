@@ -2,6 +2,7 @@
 import pytest
 
 from primus.config.errors import ConfigError
+from primus.compat import AMD_PRIMUS
 from primus.config.resolve import format_why, resolve_experiment
 from tests.conftest import write
 
@@ -29,7 +30,7 @@ modules:
 
 def resolve(tmp_path, text, module="lr: 1.0\n", cli=None):
     write(tmp_path / "module.yaml", module)
-    return resolve_experiment(write(tmp_path / "exp.yaml", text), cli or [])
+    return resolve_experiment(write(tmp_path / "exp.yaml", text), cli or [], dialect=AMD_PRIMUS)
 
 
 def test_bases_is_extends(tmp_path):
@@ -124,5 +125,5 @@ def test_our_own_experiments_have_no_translations():
     from tests.conftest import ROOT
 
     for example in sorted((ROOT / "examples").glob("*/*.yaml")):
-        resolved = resolve_experiment(example, [])
+        resolved = resolve_experiment(example, [], dialect=AMD_PRIMUS)
         assert all(not m.translations for m in resolved.modules.values()), example

@@ -2,7 +2,7 @@
 import pytest
 
 from primus.cli.main import main
-from primus.compat.synonyms import synonym_in
+from primus.config.synonyms import synonym_in
 from primus.config.errors import did_you_mean
 from tests.conftest import write
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from primus.config.provenance import DERIVED
+from primus.compat import AMD_PRIMUS
 from primus.config.resolve import format_why, resolve_experiment
 from primus.runtime.registry import backend_defaults, backend_derived
 from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
@@ -13,7 +14,7 @@ MEGATRON_TINY = ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"
 
 
 def _resolve(example, *overrides):
-    return resolve_experiment(example, list(overrides), backend_defaults, backend_derived)
+    return resolve_experiment(example, list(overrides), backend_defaults, backend_derived, dialect=AMD_PRIMUS)
 
 
 def test_tiny_asset_paths_are_derived_and_win_visibly(monkeypatch, tmp_path):

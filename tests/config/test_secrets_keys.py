@@ -1,6 +1,8 @@
 """Secret keys are recognised by whole words, and saving a config never changes a non-secret value."""
 import pytest
 
+from primus.compat import AMD_PRIMUS
+
 from primus.config.resolve import resolve_experiment
 from primus.config.secrets import is_secret_key, restore_secrets
 from primus.runtime.registry import backend_defaults
@@ -42,7 +44,7 @@ def test_shipped_example_round_trips_through_save_and_worker_read(example, tmp_p
     """What a worker reads back is what was resolved: the Megatron worker failed its own validation
     when `tokenizer_type: HuggingFaceTokenizer` was saved as <redacted>."""
     monkeypatch.chdir(ROOT)
-    resolved = resolve_experiment(example, [], backend_defaults)
+    resolved = resolve_experiment(example, [], backend_defaults, dialect=AMD_PRIMUS)
     assert _saved_and_read_back(resolved, tmp_path / "run", monkeypatch) == resolved.tree()
 
 
@@ -50,7 +52,7 @@ def test_tokenizer_keys_survive_and_a_literal_secret_does_not(tmp_path, monkeypa
     monkeypatch.chdir(ROOT)
     exp = write(tmp_path / "exp.yaml", (ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml").read_text())
     resolved = resolve_experiment(exp, ["tokenizer_type=HuggingFaceTokenizer", "tokenizer_model=/tok",
-                                        "primus.hf_token=hf_literalSECRET"], backend_defaults)
+                                        "primus.hf_token=hf_literalSECRET"], backend_defaults, dialect=AMD_PRIMUS)
     text = (tmp_path / "run" / "config.resolved.yaml")
     back = _saved_and_read_back(resolved, tmp_path / "run", monkeypatch)
     params = back["modules"]["pre_trainer"]["params"]

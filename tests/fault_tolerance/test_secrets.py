@@ -98,6 +98,7 @@ def test_a_literal_secret_reaches_the_workers_and_nothing_else(run_primus, works
 def test_a_secret_handed_to_another_node_is_saved_by_reference(monkeypatch):
     """Slurm tasks and containers get ``primus.hf_token=${PRIMUS_SECRET_...}`` and the value by name;
     the node's own launcher then saves the reference, and its workers read the value back."""
+    from primus.compat import AMD_PRIMUS
     from primus.config.resolve import resolve_experiment
     from primus.config.secrets import redact_argv, restore_secrets, secure_overrides
     from primus.runtime.registry import backend_defaults
@@ -106,7 +107,7 @@ def test_a_secret_handed_to_another_node_is_saved_by_reference(monkeypatch):
     assert tokens == ["training.steps=2", "--primus.hf_token", "${PRIMUS_SECRET_PRIMUS_HF_TOKEN}"]
     assert env == {"PRIMUS_SECRET_PRIMUS_HF_TOKEN": CLI_LITERAL}
     monkeypatch.setenv("PRIMUS_SECRET_PRIMUS_HF_TOKEN", CLI_LITERAL)
-    tree, new_env = resolve_experiment(TINY_EXAMPLE, tokens, backend_defaults).saved_tree()
+    tree, new_env = resolve_experiment(TINY_EXAMPLE, tokens, backend_defaults, dialect=AMD_PRIMUS).saved_tree()
     assert new_env == {}  # nothing literal left to hand on
     assert tree["modules"]["pre_trainer"]["params"]["primus"]["hf_token"] == "${PRIMUS_SECRET_PRIMUS_HF_TOKEN}"
     assert restore_secrets(tree)["modules"]["pre_trainer"]["params"]["primus"]["hf_token"] == CLI_LITERAL

@@ -149,15 +149,16 @@ def test_a_tracker_that_breaks_mid_run_is_dropped_with_one_warning(tmp_path, cap
 def test_amd_primus_tracker_switches_arrive_through_the_compat_layer(tmp_path):
     """AMD's `disable_wandb: true` beside `wandb_project` keeps W&B off (compat turns it into
     primus.wandb=false); `mlflow_run_name` turns MLflow on with that name."""
+    from primus.compat import AMD_PRIMUS
     from primus.config.resolve import resolve_experiment
     from primus.runtime.registry import backend_defaults
 
     exp = tmp_path / "exp.yaml"
     exp.write_text((ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml").read_text())
     resolved = resolve_experiment(exp, ["wandb_project=p", "disable_wandb=true", "mlflow_run_name=r9"],
-                                  backend_defaults)
+                                  backend_defaults, dialect=AMD_PRIMUS)
     params = resolved.modules["pre_trainer"].params
     assert wandb_settings(resolved.tree(), params, tmp_path) is None
     assert mlflow_settings(resolved.tree(), params, tmp_path, env={}).run_name == "r9"
-    resolved = resolve_experiment(exp, ["wandb_project=p"], backend_defaults)
+    resolved = resolve_experiment(exp, ["wandb_project=p"], backend_defaults, dialect=AMD_PRIMUS)
     assert wandb_settings(resolved.tree(), resolved.modules["pre_trainer"].params, tmp_path).project == "p"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from primus.backends.megatron.rng import rng_streams
 from primus.config.errors import ConfigError
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -39,23 +40,6 @@ def latest_iteration(root: Path | None) -> int | None:
     if text == RELEASE:
         return 0
     return int(text) if text.isdigit() else None
-
-
-def rng_streams() -> dict:
-    """This rank's RNG streams, as Megatron-LM's ``get_rng_state`` collects them."""
-    import numpy
-    import torch
-    from megatron.core import tensor_parallel
-
-    state = {
-        "random_rng_state": random.getstate(),
-        "np_rng_state": numpy.random.get_state(),
-        "torch_rng_state": torch.get_rng_state(),
-        "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states(),
-    }
-    if torch.cuda.is_available():
-        state["cuda_rng_state"] = torch.cuda.get_rng_state()
-    return state
 
 
 def _rng_state():

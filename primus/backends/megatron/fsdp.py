@@ -212,7 +212,7 @@ def load_fsdp_dtensor(source: Path, chunks: list, optimizer, scheduler, args, *,
     from megatron.core import parallel_state
     from torch.distributed.checkpoint import default_planner
 
-    from primus.backends.megatron.checkpoint import rng_streams
+    from primus.backends.megatron.rng import rng_streams
 
     state, raw = _fsdp_dtensor_state(chunks, optimizer, scheduler, args, iteration=0, consumed_samples=0,
                                      rng_state=[rng_streams()] if with_rng else None, with_optimizer=with_optimizer,

@@ -97,7 +97,7 @@ def _rng_states(args) -> list[dict]:
     import torch
     from megatron.core import parallel_state
 
-    from primus.backends.megatron.checkpoint import rng_streams
+    from primus.backends.megatron.rng import rng_streams
 
     state = rng_streams()
     dp = parallel_state.get_data_parallel_world_size()

@@ -149,11 +149,12 @@ def test_adapter_plan_accepts_the_primus_block_only_with_known_keys(tmp_path):
 @pytest.mark.parametrize("example", sorted((REPO / "examples/megatron").glob("*.yaml")), ids=lambda p: p.name)
 def test_example_experiments_validate(example, monkeypatch):
     """Each example, resolved as `primus` resolves it (defaults < preset < model < overrides), parses."""
+    from primus.compat import AMD_PRIMUS
     from primus.config.resolve import resolve_experiment
     from primus.runtime.registry import backend_defaults
 
     monkeypatch.chdir(REPO)
-    resolved = resolve_experiment(example, [], backend_defaults)
+    resolved = resolve_experiment(example, [], backend_defaults, dialect=AMD_PRIMUS)
     module = resolved.modules["pre_trainer"]
     assert module.framework == "megatron"
     parse_args(megatron_params(module.params))

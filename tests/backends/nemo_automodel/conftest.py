@@ -26,6 +26,7 @@ def dotted_tokens(tree: dict, prefix: str = "") -> list[str]:
 
 def resolve_example(path: Path, **overrides) -> tuple[str, dict]:
     """(stage, params) of an example's pre_trainer module, as `primus train` resolves it."""
+    from primus.compat import AMD_PRIMUS
     from primus.config.resolve import resolve_experiment
     from primus.runtime.registry import backend_defaults
 
@@ -35,7 +36,7 @@ def resolve_example(path: Path, **overrides) -> tuple[str, dict]:
     for key, value in overrides.items():  # a section named like an experiment key needs the module's path
         prefix = "modules.pre_trainer." if key in ExperimentSpec.model_fields else ""
         tokens += dotted_tokens({key: value}, prefix)
-    resolved = resolve_experiment(path, tokens, backend_defaults)
+    resolved = resolve_experiment(path, tokens, backend_defaults, dialect=AMD_PRIMUS)
     module = resolved.modules["pre_trainer"]
     return module.stage, module.params
 

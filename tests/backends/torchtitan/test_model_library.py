@@ -53,6 +53,7 @@ def test_presets_are_a_fresh_generation():
 
 def plan(tmp_path: Path, preset: str, world_size: int = 8):
     """What `primus plan` computes: the module preset + this model preset, nothing else."""
+    from primus.compat import AMD_PRIMUS
     from primus.config.resolve import resolve_experiment
     from primus.runtime.adapter import ModuleConfig
     from primus.runtime.registry import backend_defaults, get_adapter
@@ -67,7 +68,7 @@ modules:
     config: pre_trainer.yaml
     model: {preset}.yaml
 """)
-    resolved = resolve_experiment(exp, [], backend_defaults)
+    resolved = resolve_experiment(exp, [], backend_defaults, dialect=AMD_PRIMUS)
     module = resolved.modules["pre_trainer"]
     return get_adapter("torchtitan").plan(ModuleConfig.of(module), world_size, resolved.provenance)
 

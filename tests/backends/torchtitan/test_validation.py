@@ -14,10 +14,11 @@ def build(*overrides: str):
 
     apply_patches()
     from primus.backends.torchtitan.config import build_trainer_config
+    from primus.compat import AMD_PRIMUS
     from primus.config.resolve import resolve_experiment
     from primus.runtime.registry import backend_defaults
 
-    resolved = resolve_experiment(TINY_EXAMPLE, list(overrides), backend_defaults)
+    resolved = resolve_experiment(TINY_EXAMPLE, list(overrides), backend_defaults, dialect=AMD_PRIMUS)
     params = resolved.modules["pre_trainer"].params
     return build_trainer_config(params, run_dir=TINY_EXAMPLE.parent, device="cpu", provenance=resolved.provenance)
 
@@ -87,12 +88,13 @@ def test_expert_parallelism_must_fit_inside_the_data_shards():
     from primus.backends.torchtitan.patches import apply_patches
 
     apply_patches()
+    from primus.compat import AMD_PRIMUS
     from primus.config.resolve import resolve_experiment
     from primus.runtime.adapter import ModuleConfig
     from primus.runtime.registry import backend_defaults, get_adapter
 
     example = TINY_EXAMPLE.with_name("deepseek_v3_tiny-moe-pretrain.yaml")
-    resolved = resolve_experiment(example, [], backend_defaults)
+    resolved = resolve_experiment(example, [], backend_defaults, dialect=AMD_PRIMUS)
     module = ModuleConfig.of(resolved.modules["pre_trainer"])
     adapter = get_adapter("torchtitan")
     assert adapter.plan(module, 2, resolved.provenance).layout.ep == 2
