@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from primus.backends.projection import backend_projection, projection_options
 from primus.config.errors import ConfigError
 
 
@@ -24,28 +25,6 @@ class Loaded:
     options: Any  # ProjectionOptions
 
 
-def _backend_projection(framework: str):
-    if framework == "megatron":
-        from primus.backends.megatron import projection
-    elif framework == "torchtitan":
-        from primus.backends.torchtitan import projection
-    else:
-        raise ConfigError(f"--project/--search: framework '{framework}' is not projected yet "
-                          "(megatron and torchtitan LLMs are)")
-    return projection
-
-
-def options_for(framework: str, engine_plan, gpu: bool, translations=()):
-    backend = _backend_projection(framework)
-    if framework == "megatron":
-        return backend.projection_options(engine_plan.engine_config, gpu=gpu)
-    converters = []
-    for item in translations:  # float8 converters are kept as translations, not params
-        if item.source.endswith("converters"):
-            converters += [item.value] if isinstance(item.value, str) else list(item.value or [])
-    return backend.projection_options(engine_plan.module.params, gpu=gpu, converters=converters)
-
-
 def load(path: str, overrides: list[str], module_name: str | None, world: int | None, *, gpu: bool) -> Loaded:
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
@@ -53,12 +32,13 @@ def load(path: str, overrides: list[str], module_name: str | None, world: int | 
 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
-    _backend_projection(module.framework)
+    backend_projection(module.framework)
     adapter, engine_plan = plan_module(resolved, module, world, require_engine=False)
     if engine_plan.model is None or engine_plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name}: no model description to project (vocab_size unknown)")
     return Loaded(module.framework, module, adapter, engine_plan.model, engine_plan.layout,
-                  options_for(module.framework, engine_plan, gpu, getattr(module, "translations", ())))
+                  projection_options(module.framework, engine_plan, gpu=gpu,
+                                     translations=getattr(module, "translations", ())))
 
 
 def profile_for(device: str, ranks_per_node: int):
@@ -121,7 +101,7 @@ def search_layouts(loaded: Loaded, profile, *, nodes: int, gpus_per_node: int, t
     """The ranked layouts (``primus.plan.search.SearchResult``), each checked by the engine's own planning."""
     from primus.plan.search import search
 
-    backend = _backend_projection(loaded.framework)
+    backend = backend_projection(loaded.framework)
     profile = replace(profile, gpus_per_node=gpus_per_node)
     return search(loaded.model, loaded.layout, profile, loaded.options, nodes=nodes, gpus_per_node=gpus_per_node,
                   top=top, overrides_of=backend.layout_overrides, shardings=backend.SHARDINGS, recomputes=backend.RECOMPUTES,

@@ -100,15 +100,20 @@ class DeviceProfile:
 # share of their (half as high) peak than fp8: 0.75 is the usual figure for cuBLAS at these sizes.
 # Megatron/NeMo use cuDNN fused attention, faster than FA2: 0.40 sits between FA2 and FA3's 0.6;
 # PyTorch's SDPA runs FA2 (forward 0.33, its backward slower): 0.30.
+# The same tables' size sweeps fix the per-GEMM fixed cost: the H100's FP8 GEMM reaches 0.21, 0.32, 0.78 and
+# 0.94 of its large-GEMM rate at 1024^3, 1024x2145x1024, 2048^3 and 4096^3 -- a constant ~6 us on top of
+# FLOPs / rate (GB200: ~4 us). The same cost is charged to every other kernel (launch, tail).
 NVIDIA = Efficiency(gemm=0.75, gemm_fp8=0.62, attention=0.40, attention_sdpa=0.30, hbm=0.85, intra_link=0.80, inter_link=0.80,
-                    kernel_overhead_s=4e-6)
+                    kernel_overhead_s=6e-6)
 # AMD (CDNA3, CDNA4). Same guide, ND_MI300X_v5_results.md: hipBLASLt FP8 GEMM 8192^3 1159 TFLOP/s =
 # 0.44 of 2615; STREAM copy 4.11 of 5.3 TB/s = 0.78; RCCL all-reduce bus bandwidth 317 GB/s against
 # 448 GB/s of Infinity Fabric (7 x 64 GB/s) = 0.71; flash attention 2 (head dim 64) 329 TFLOP/s =
 # 0.25 of the bf16 peak: PyTorch SDPA's; AMD's fused kernels (aiter/CK, head dim 128 as in Llama) 0.30. bf16 GEMMs: 0.55 of peak, the
 # same gap to fp8 as on NVIDIA.
+# Its size sweep (0.05, 0.10, 0.37, 0.82 of the large-GEMM rate at the sizes above) is a ~25 us constant
+# per GEMM on MI300X, four times NVIDIA's; charged to every kernel.
 AMD = Efficiency(gemm=0.55, gemm_fp8=0.44, attention=0.30, attention_sdpa=0.25, hbm=0.78, intra_link=0.71, inter_link=0.80,
-                 kernel_overhead_s=6e-6)
+                 kernel_overhead_s=25e-6)
 
 _NV_LAT, _AMD_LAT, _NET_LAT = 3e-6, 5e-6, 10e-6  # per-hop latencies (NCCL/RCCL tests' small-message floor)
 
@@ -116,6 +121,8 @@ PROFILES: dict[str, DeviceProfile] = {
     "h100": DeviceProfile("h100", {"bf16": 989.4, "fp8": 1978.9, "fp32": 67.0}, 3350, 80, 450, 50, _NV_LAT, _NET_LAT, NVIDIA),
     "h200": DeviceProfile("h200", {"bf16": 989.4, "fp8": 1978.9, "fp32": 67.0}, 4800, 141, 450, 50, _NV_LAT, _NET_LAT, NVIDIA),
     "b200": DeviceProfile("b200", {"bf16": 2250.0, "fp8": 4500.0, "fp32": 80.0}, 8000, 180, 900, 50, _NV_LAT, _NET_LAT, NVIDIA),
+    # TorchTitan's benchmark H100s (Grand Teton): 96 GB HBM2e at 2.4 TB/s, power-limited to 500 W
+    "h100-hbm2e": DeviceProfile("h100-hbm2e", {"bf16": 835.5, "fp8": 1671.0, "fp32": 60.0}, 2400, 96, 450, 50, _NV_LAT, _NET_LAT, NVIDIA),
     "mi300x": DeviceProfile("mi300x", {"bf16": 1307.4, "fp8": 2614.9, "fp32": 163.4}, 5300, 192, 448, 50, _AMD_LAT, _NET_LAT, AMD),
     "mi325x": DeviceProfile("mi325x", {"bf16": 1307.4, "fp8": 2614.9, "fp32": 163.4}, 6000, 256, 448, 50, _AMD_LAT, _NET_LAT, AMD),
     "mi355x": DeviceProfile("mi355x", {"bf16": 2516.6, "fp8": 5033.2, "fp32": 157.3}, 8000, 288, 537.6, 50, _AMD_LAT, _NET_LAT, AMD),
@@ -126,16 +133,19 @@ PROFILES: dict[str, DeviceProfile] = {
 SOURCES: dict[str, str] = {
     "h100": "NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 989.4 / FP8 1,978.9 TFLOP/s dense (half the "
             "sparsity figures), HBM3 3.35 TB/s, 80 GB, NVLink 900 GB/s (450 per direction); ConnectX-7 400 Gb/s",
-    "h200": "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 989 / FP8 1,979 TFLOP/s dense, HBM3e 4.8 TB/s, "
-            "141 GB, NVLink 900 GB/s; ConnectX-7 400 Gb/s",
-    "b200": "NVIDIA DGX B200 datasheet: 72 PFLOPS FP8 training per 8 GPUs with sparsity = 4.5 PF dense FP8, "
-            "2.25 PF dense BF16 per GPU, HBM3e 8 TB/s, 1,440 GB / 8 = 180 GB, NVLink 5 1.8 TB/s (900 per "
+    "h200": "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 989.4 / FP8 1,978.9 TFLOP/s dense, HBM3e 4.8 TB/s, "
+            "141 GB, NVLink 900 GB/s (450 per direction); ConnectX-7 400 Gb/s",
+    "b200": "NVIDIA DGX B200 datasheet: 72 PFLOPS FP8 training per 8 GPUs with sparsity, i.e. BF16 2,250 / FP8 "
+            "4,500 TFLOP/s dense per GPU, HBM3e 8 TB/s, 1,440 GB / 8 = 180 GB, NVLink 5 1.8 TB/s (900 per "
             "direction); 8 x ConnectX-7 400 Gb/s",
+    "h100-hbm2e": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: H100 96 GB HBM2e, 2.4 TB/s, "
+                  "500 W limit, 'peak between SXM and NVL'; the H100 NVL data sheet's BF16 835.5 / FP8 1,671 "
+                  "TFLOP/s dense (the bound they name) as its peak; NVLink 4 (450 per direction) and 400 Gb/s RDMA per GPU as stated",
     "mi300x": "AMD Instinct MI300X data sheet: FP16/BF16 1,307.4 / FP8 2,614.9 TFLOP/s dense, HBM3 5.3 TB/s, "
-              "192 GB, 7 Infinity Fabric links x 64 GB/s per direction; 400 Gb/s NIC per GPU",
+              "192 GB, 7 Infinity Fabric links x 64 GB/s per direction (448 per direction); 400 Gb/s NIC per GPU",
     "mi325x": "AMD Instinct MI325X data sheet: FP16/BF16 1,307.4 / FP8 2,614.9 TFLOP/s dense, HBM3E 6 TB/s, "
-              "256 GB, Infinity Fabric as MI300X; 400 Gb/s NIC per GPU",
-    "mi355x": "AMD Instinct MI355X data sheet: FP16/BF16 2.5166 / FP8 5.0332 PFLOP/s dense, HBM3E 8 TB/s, "
+              "256 GB, 7 Infinity Fabric links x 64 GB/s per direction (448 per direction) as MI300X; 400 Gb/s NIC per GPU",
+    "mi355x": "AMD Instinct MI355X data sheet: FP16/BF16 2,516.6 / FP8 5,033.2 TFLOP/s dense, HBM3E 8 TB/s, "
               "288 GB, Infinity Fabric 1,075 GB/s aggregate (537.6 per direction); 400 Gb/s NIC per GPU",
     "efficiency": "NVIDIA / AMD efficiency constants: see the comments above NVIDIA and AMD in primus/plan/profiles.py",
 }

@@ -164,7 +164,6 @@ def _layer_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpt
         m_e = tokens_here / local
         fwd_gemm += c.gemm(T, h, E, "bf16")  # router
         fwd_gemm += local * (c.gemm(m_e, h, (gated - 1) * fe / etp) + c.gemm(m_e, fe / etp, h))
-        fwd_gemm -= (2 * local - 2) * c.eff.kernel_overhead_s  # grouped GEMM: one kernel for all local experts
         if model.shared_expert_ffn_hidden_size:
             sh = model.shared_expert_ffn_hidden_size
             fwd_gemm += c.gemm(T, h, (gated - 1) * sh / t) + c.gemm(T, sh / t, h)
@@ -214,13 +213,16 @@ def _layer_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpt
             "compute": fwd + bwd + extra, "tp": tp_comm, "cp": cp_comm, "ep": ep_comm}
 
 
-def _head_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOptions, c: _Costs, mbs: int) -> float:
-    """LM head forward + backward and the cross-entropy on the last stage, one micro-batch."""
+def _head_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOptions, c: _Costs,
+                  mbs: int) -> dict[str, float]:
+    """LM head forward + backward, the cross-entropy and the embedding, one micro-batch (last stage)."""
     T = mbs * layout.seq_len // layout.cp
     V, t = model.vocab_size, layout.tp
     head = 3 * c.gemm(T, model.dim, V / t, "bf16" if opts.gemm_dtype == "fp8" else None)
     loss = c.memory(6 * T * V / t * 4, kernels=6)  # fp32 logits: softmax, loss and its gradient
-    return head + loss + c.memory(4 * T * model.dim * c.act)  # embedding lookup and its gradient
+    embedding = c.memory(4 * T * model.dim * c.act)  # lookup and its gradient
+    return {"compute": head + loss + embedding, "gemm": head, "attention": 0.0, "elementwise": loss + embedding,
+            "tp": 0.0, "cp": 0.0, "ep": 0.0}
 
 
 def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
@@ -246,7 +248,8 @@ def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
     for i, ids in enumerate(stage_ids):
         cost = {key: sum((moe if pattern[j] else dense)[key] for j in ids) for key in keys}
         if i == len(stage_ids) - 1:
-            cost["compute"] += head + model.mtp_layers * (moe if model.mtp_layer_is_moe else dense)["compute"]
+            mtp = moe if model.mtp_layer_is_moe else dense
+            cost = {key: cost[key] + head[key] + model.mtp_layers * mtp[key] for key in keys}
         stages.append(cost)
     slowest = max(stages, key=lambda s: s["compute"] + s["tp"] + s["cp"] + s["ep"])
     per_mb = slowest["compute"] + slowest["tp"] + slowest["cp"] + slowest["ep"]
