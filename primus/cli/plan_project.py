@@ -128,8 +128,8 @@ def run(args, overrides: list[str]) -> int:
         if args.measure:
             from primus.cli.plan_measure import measure_rows
 
-            measure_rows(args.exp, overrides, result, nodes=nodes, gpus_per_node=gpus, top=args.measure,
-                         steps=args.measure_steps)
+            measure_rows(args.exp, overrides, loaded.framework, result, nodes=nodes, gpus_per_node=gpus,
+                         top=args.measure, steps=args.measure_steps)
         text = json.dumps(result.to_dict(), indent=2) if args.json else result.format()
         print(text, file=sys.stdout)
         return 0

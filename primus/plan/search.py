@@ -169,7 +169,9 @@ def search(model: ModelSpec, base: ParallelLayout, profile: DeviceProfile, optio
     if not fitting:
         raise ConfigError(f"the model fits nowhere: none of {count} legal layouts on {nodes} x {gpus_per_node} "
                           f"{profile.name} fits {usable_fraction:.0%} of {profile.memory_gib:g} GiB per device")
-    scored.sort(key=lambda r: (-r.tokens_per_sec_per_gpu, r.choice["tp"] * r.choice["pp"], r.memory_gb))
+    # ties (the projection sees no cost in some splits): the simpler layout first, then the smaller footprint
+    scored.sort(key=lambda r: (-round(r.tokens_per_sec_per_gpu, 6), r.choice["tp"] * r.choice["pp"] * r.choice["cp"],
+                               r.choice["vpp"], r.memory_gb))
     rows, rejected = [], []
     for row in scored:
         if len(rows) >= top or len(rows) + len(rejected) >= top * ENGINE_CHECKS_PER_ROW:

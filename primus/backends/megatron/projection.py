@@ -46,7 +46,10 @@ def layout_overrides(choice: dict[str, Any]) -> list[str]:
     sharding = choice["sharding"]
     out.append(f"use_distributed_optimizer={str(sharding == 'optimizer').lower()}")
     out.append(f"use_torch_fsdp2={str(sharding == 'fsdp').lower()}")
+    if sharding != "optimizer":  # Megatron-LM gathers parameters itself only with the distributed optimizer
+        out.append("overlap_param_gather=false")
     return out
 
 RECOMPUTES = ("none", "selective", "full")  # recompute_granularity null, selective (core attention), full
+STEPS_KEY = "train_iters"  # how many steps a run trains (primus plan --search --measure)
 SHARDINGS = ("none", "optimizer", "fsdp")  # DDP, distributed optimizer, torch FSDP2

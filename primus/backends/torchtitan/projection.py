@@ -52,4 +52,5 @@ def layout_overrides(choice: dict[str, Any]) -> list[str]:
     return out
 
 RECOMPUTES = ("none", "op", "full")  # activation_checkpoint.mode none, selective (per-op), full
+STEPS_KEY = "training.steps"  # how many steps a run trains (primus plan --search --measure)
 SHARDINGS = ("none", "fsdp")  # DDP (data_parallel_replicate_degree) or FSDP2 (data_parallel_shard_degree)
