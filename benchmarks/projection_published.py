@@ -1,10 +1,10 @@
 """`primus plan --project` against published GPU throughput (benchmarks/published/corpus.yaml).
 
-    .venv/bin/python -m benchmarks.projection_published [--markdown]
+    .venv/bin/python -m benchmarks.projection_published [--docs]
 
 Each row is projected exactly as `primus plan EXP --project --device D -N nodes --nproc-per-node G`
 with the row's overrides; the error is (projected - published) / published tokens/s/GPU. Writes
-benchmarks/results/projection_published.json; --markdown prints the per-row table for docs/plan.md.
+benchmarks/results/projection_published.json and prints the per-row table (--docs: into docs/plan.md).
 """
 from __future__ import annotations
 
@@ -66,13 +66,16 @@ def markdown(summary: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--docs", action="store_true", help="write the table into docs/plan.md")
     args = parser.parse_args(argv)
     summary = evaluate(load_corpus())
     from benchmarks.common import save
+    from benchmarks.projection_cpu import write_docs
 
     path = save("projection_published", summary)
     print(markdown(summary))
+    if args.docs:
+        write_docs(markdown(summary), "projection_published")
     print(f"results: {path}", file=sys.stderr)
     return 0
 
