@@ -32,7 +32,7 @@ def _seconds(fn, iters: int, sync=lambda: None) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def attention_tflops(device: str, dtype) -> float:
+def attention_tflops(device: str, dtype, iters: int = 5) -> float:
     """Causal SDPA forward + backward at a training-like shape, model FLOPs (3.5 x forward) per second."""
     import torch
     import torch.nn.functional as F
@@ -45,16 +45,16 @@ def attention_tflops(device: str, dtype) -> float:
     def step():
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out.sum().backward()
-    seconds = _seconds(step, 5 if gpu else 10, sync)
+    seconds = _seconds(step, iters, sync)
     forward = 4 * b * heads * s * s * d / 2
     return 3.5 * forward / seconds / 1e12
 
 
-def kernel_overhead_s() -> float:
+def kernel_overhead_s(iters: int = 500) -> float:
     import torch
 
     a, b = torch.ones(1), torch.ones(1)
-    return _seconds(lambda: torch.add(a, b), 2000)
+    return _seconds(lambda: torch.add(a, b), iters)
 
 
 def links_from(results: dict[int, Any]) -> tuple[float, float] | None:
@@ -77,7 +77,8 @@ def links_from(results: dict[int, Any]) -> tuple[float, float] | None:
 
 
 def measure_local_profile(device: str, device_name: str, results: dict[int, Any] | None = None,
-                          gpus_per_node: int = 1) -> DeviceProfile:
+                          gpus_per_node: int = 1, *, quick: bool = False) -> DeviceProfile:
+    """``quick`` (``primus preflight --quick``): shorter probes, a few seconds in all."""
     import torch
 
     from primus.plan.devices import device_key, measure_cpu_gemm_tflops
@@ -99,10 +100,10 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
     by_threads = {}
     try:
         for threads in sorted({1, cores}):
-            by_threads[threads] = measure_cpu_gemm_tflops("fp32", threads, budget_s=1.0)
+            by_threads[threads] = measure_cpu_gemm_tflops("fp32", threads, budget_s=0.3 if quick else 1.0)
         torch.set_num_threads(cores)
-        hbm = memory_bandwidth("cpu", quick=False)["gbps"]
-        attention = attention_tflops("cpu", torch.float32) / by_threads[cores]
+        hbm = memory_bandwidth("cpu", quick=quick)["gbps"]
+        attention = attention_tflops("cpu", torch.float32, 3 if quick else 10) / by_threads[cores]
         overhead = kernel_overhead_s()
     finally:
         torch.set_num_threads(previous)
@@ -126,7 +127,7 @@ def _host_memory_gib() -> float:
     return 16.0
 
 
-def record(device: str, device_name: str, results: dict[int, Any], gpus_per_node: int) -> str:
+def record(device: str, device_name: str, results: dict[int, Any], gpus_per_node: int, *, quick: bool = False) -> str:
     """Measure and write the profile; the path, for the preflight summary line."""
-    profile = measure_local_profile(device, device_name, results, gpus_per_node)
+    profile = measure_local_profile(device, device_name, results, gpus_per_node, quick=quick)
     return str(write_local_profile(profile))
