@@ -74,15 +74,17 @@ def measure_profile(cache: Path) -> Path:
 
 
 def steps_key(exp: Path) -> str:
-    return "training.steps" if "torchtitan" in exp.name else "train_iters"
+    return "training.steps" if "torchtitan" in str(exp) else "train_iters"
 
 
-def project_layout(exp: Path, nproc: int, overrides: list[str]) -> dict[str, Any]:
-    from primus.cli.plan_project import load, profile_for
+def project_layout(exp: Path, nproc: int, overrides: list[str], threads: int | None = None) -> dict[str, Any]:
+    from primus.cli.plan_project import load
+    from primus.plan.profiles import get_profile
     from primus.plan.projection import project
 
     loaded = load(str(exp), overrides, None, nproc, gpu=False)
-    result = project(loaded.model, loaded.layout, profile_for("local", nproc), loaded.options)
+    result = project(loaded.model, loaded.layout, get_profile("local").for_ranks_per_node(nproc, threads),
+                     loaded.options)
     return {"step_time": result.step_time, "breakdown": result.breakdown}
 
 
@@ -95,10 +97,12 @@ def run_layout(name: str, exp: Path, nproc: int, overrides: list[str], steps: in
     return {"rc": run.rc, "measured": median(times), "step_times": times}
 
 
-def run(quick: bool, steps: int) -> dict[str, Any]:
+def run(quick: bool, steps: int, threads: int | None = None) -> dict[str, Any]:
     cache = Path(tempfile.mkdtemp(prefix="primus-bench-profile-"))
     ws = Path(tempfile.mkdtemp(prefix="primus-bench-projection-"))
     os.environ["PRIMUS_PROFILE_CACHE"] = str(cache)
+    if threads:  # every rank, 1 or 2 per host, runs this many intra-op threads (OMP_NUM_THREADS)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
     points = []
     try:
         profile_path = measure_profile(cache)
@@ -107,7 +111,7 @@ def run(quick: bool, steps: int) -> dict[str, Any]:
                 continue
             point = {"layout": name, "experiment": str(exp.relative_to(REPO)), "ranks": nproc, "overrides": overrides}
             point.update(run_layout(name, exp, nproc, overrides, steps, ws))
-            point.update(project_layout(exp, nproc, overrides))
+            point.update(project_layout(exp, nproc, overrides, threads))
             if point["measured"]:
                 point["error"] = (point["step_time"] - point["measured"]) / point["measured"]
             points.append(point)
@@ -116,7 +120,8 @@ def run(quick: bool, steps: int) -> dict[str, Any]:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
     ok = [p for p in points if p.get("measured")]
-    result = {"machine": machine(), "steps": steps, "profile": profile, "points": points,
+    result = {"machine": machine(), "steps": steps, "threads_per_rank": threads or "cores / ranks",
+              "profile": profile, "points": points,
               "mape": statistics.mean(abs(p["error"]) for p in ok) if ok else None,
               "kendall_tau": kendall_tau([p["step_time"] for p in ok], [p["measured"] for p in ok]) if ok else None,
               "mape_target": MAPE_TARGET, "tau_target": TAU_TARGET}
@@ -128,7 +133,8 @@ def markdown(r: dict[str, Any]) -> str:
              f"{p['step_time']:.3f}", f"{100 * p['error']:+.1f}%" if "error" in p else "n/a"] for p in r["points"]]
     table = md_table(["layout", "ranks", "measured median step (s)", "projected (s)", "error"], rows)
     return (table + f"\n\nMAPE {100 * r['mape']:.1f}% (target ≤ {100 * MAPE_TARGET:.0f}%), Kendall τ "
-            f"{r['kendall_tau']:.2f} (target ≥ {TAU_TARGET}); {len(r['points'])} layouts, load average at start "
+            f"{r['kendall_tau']:.2f} (target ≥ {TAU_TARGET}); {len(r['points'])} layouts, "
+            f"{r['threads_per_rank']} thread(s) per rank, load average at start "
             f"{r['machine']['loadavg_at_start'][0]:.1f} on {r['machine']['cores']} cores.")
 
 
@@ -146,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{len(QUICK)} layouts only")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, help="intra-op threads per rank (OMP_NUM_THREADS) for every run; "
+                        "default: torch's (all cores for 1 rank, 1 each for 2 ranks)")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite the table in docs/plan.md")
     args = parser.parse_args(argv)
-    result = run(args.quick, args.steps)
+    result = run(args.quick, args.steps, args.threads)
     path = save("projection_cpu", result)
     text = markdown(result)
     print(text)

@@ -67,12 +67,12 @@ class DeviceProfile:
         tflops = self.peak_tflops.get(key) or self.peak_tflops.get("bf16") or self.peak_tflops["fp32"]
         return tflops * 1e12
 
-    def for_ranks_per_node(self, ranks: int) -> "DeviceProfile":
+    def for_ranks_per_node(self, ranks: int, threads: int | None = None) -> "DeviceProfile":
         """A measured CPU profile as one of ``ranks`` processes sharing the host's cores (each gets
-        cores // ranks threads, as torchrun's OMP_NUM_THREADS=1 and Primus' default give)."""
+        cores // ranks threads, as torchrun's OMP_NUM_THREADS=1 and Primus' default give, or ``threads``)."""
         if not self.gemm_tflops_by_threads:
             return self
-        threads = max(1, (self.cores or 1) // max(1, ranks))
+        threads = threads or max(1, (self.cores or 1) // max(1, ranks))
         known = sorted(self.gemm_tflops_by_threads)
         best = max((t for t in known if t <= threads), default=known[0])
         tflops = self.gemm_tflops_by_threads[best] * threads / best
