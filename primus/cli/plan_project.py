@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,12 +35,32 @@ def load(path: str, overrides: list[str], module_name: str | None, world: int | 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
     backend_projection(module.framework)
-    adapter, engine_plan = plan_module(resolved, module, world, require_engine=False)
+    with _keep_bf16(gpu):
+        adapter, engine_plan = plan_module(resolved, module, world, require_engine=False)
     if engine_plan.model is None or engine_plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name}: no model description to project (vocab_size unknown)")
     return Loaded(module.framework, module, adapter, engine_plan.model, engine_plan.layout,
                   projection_options(module.framework, engine_plan, gpu=gpu,
                                      translations=getattr(module, "translations", ())))
+
+
+@contextmanager
+def _keep_bf16(gpu: bool):
+    """A projection for a GPU keeps the experiment's bf16 whatever this host's CPU has: the Megatron
+    adapter's host-CPU rule (bf16 off without native bf16 units) is for runs on this CPU."""
+    from primus.plan.devices import CPU_BF16_ENV
+
+    saved = os.environ.get(CPU_BF16_ENV)
+    if gpu:
+        os.environ[CPU_BF16_ENV] = "force"
+    try:
+        yield
+    finally:
+        if gpu:
+            if saved is None:
+                os.environ.pop(CPU_BF16_ENV, None)
+            else:
+                os.environ[CPU_BF16_ENV] = saved
 
 
 def profile_for(device: str, ranks_per_node: int):

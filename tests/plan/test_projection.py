@@ -161,3 +161,15 @@ def test_plan_project_bad_device_is_one_line_exit_2():
     out = _plan(MEGATRON_8B, "--project", "--device", "mi999")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "unknown device 'mi999'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_gpu_projection_keeps_bf16_on_a_cpu_without_bf16_units():
+    # the host-CPU bf16 rule (bf16 off without AVX512-BF16/AMX) must not turn a GPU projection into fp32
+    args = (MEGATRON_8B, "--project", "--device", "mi300x", "--nproc-per-node", "8", "bf16=true", "--json")
+    from tests.helpers import cli_in_process
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUS_PER_NODE", "NNODES", "WORLD_SIZE")}
+    without = json.loads(cli_in_process("plan", *args, env={**env, "PRIMUS_CPU_BF16": "off"}).stdout)["projected"]
+    native = json.loads(cli_in_process("plan", *args, env={**env, "PRIMUS_CPU_BF16": "force"}).stdout)["projected"]
+    assert without["step_time"] == pytest.approx(native["step_time"])
+    assert "linears in bf16" in " ".join(without["assumptions"])
