@@ -77,14 +77,21 @@ def steps_key(exp: Path) -> str:
     return "training.steps" if "torchtitan" in str(exp) else "train_iters"
 
 
-def project_layout(exp: Path, nproc: int, overrides: list[str], threads: int | None = None) -> dict[str, Any]:
+def project_layout(exp: Path, nproc: int, overrides: list[str], threads: int | None = None,
+                   load_factor: float = 1.0) -> dict[str, Any]:
+    """The projection on the ``local`` profile; ``load_factor`` scales its compute and memory rates by
+    what a GEMM probe just before the run measured against the profile's (a shared host's load moves)."""
+    from dataclasses import replace
+
     from primus.cli.plan_project import load
     from primus.plan.profiles import get_profile
     from primus.plan.projection import project
 
     loaded = load(str(exp), overrides, None, nproc, gpu=False)
-    result = project(loaded.model, loaded.layout, get_profile("local").for_ranks_per_node(nproc, threads),
-                     loaded.options)
+    profile = get_profile("local").for_ranks_per_node(nproc, threads)
+    profile = replace(profile, peak_tflops={k: v * load_factor for k, v in profile.peak_tflops.items()},
+                      hbm_gbps=profile.hbm_gbps * load_factor)
+    result = project(loaded.model, loaded.layout, profile, loaded.options)
     return {"step_time": result.step_time, "breakdown": result.breakdown}
 
 
@@ -97,7 +104,18 @@ def run_layout(name: str, exp: Path, nproc: int, overrides: list[str], steps: in
     return {"rc": run.rc, "measured": median(times), "step_times": times}
 
 
-def run(quick: bool, steps: int, threads: int | None = None) -> dict[str, Any]:
+def load_factor(nproc: int, threads: int | None) -> float:
+    """This host's GEMM rate now over the rate in its ``local`` profile, at a rank's thread count."""
+    from primus.plan.devices import measure_cpu_gemm_tflops
+    from primus.plan.profiles import get_profile
+
+    profile = get_profile("local")
+    per_rank = threads or max(1, (profile.cores or 1) // nproc)
+    now = measure_cpu_gemm_tflops("fp32", per_rank, budget_s=1.0)
+    return now / profile.for_ranks_per_node(nproc, threads).peak("fp32") * 1e12
+
+
+def run(quick: bool, steps: int, threads: int | None = None, reprobe: bool = False) -> dict[str, Any]:
     cache = Path(tempfile.mkdtemp(prefix="primus-bench-profile-"))
     ws = Path(tempfile.mkdtemp(prefix="primus-bench-projection-"))
     os.environ["PRIMUS_PROFILE_CACHE"] = str(cache)
@@ -110,8 +128,12 @@ def run(quick: bool, steps: int, threads: int | None = None) -> dict[str, Any]:
             if quick and name not in QUICK:
                 continue
             point = {"layout": name, "experiment": str(exp.relative_to(REPO)), "ranks": nproc, "overrides": overrides}
+            factor = load_factor(nproc, threads) if reprobe else 1.0
             point.update(run_layout(name, exp, nproc, overrides, steps, ws))
-            point.update(project_layout(exp, nproc, overrides, threads))
+            if reprobe:
+                factor = (factor + load_factor(nproc, threads)) / 2  # the load before and after the run
+            point["load_factor"] = factor
+            point.update(project_layout(exp, nproc, overrides, threads, factor))
             if point["measured"]:
                 point["error"] = (point["step_time"] - point["measured"]) / point["measured"]
             points.append(point)
@@ -120,7 +142,7 @@ def run(quick: bool, steps: int, threads: int | None = None) -> dict[str, Any]:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
     ok = [p for p in points if p.get("measured")]
-    result = {"machine": machine(), "steps": steps, "threads_per_rank": threads or "cores / ranks",
+    result = {"machine": machine(), "steps": steps, "threads_per_rank": threads or "cores / ranks", "reprobe": reprobe,
               "profile": profile, "points": points,
               "mape": statistics.mean(abs(p["error"]) for p in ok) if ok else None,
               "kendall_tau": kendall_tau([p["step_time"] for p in ok], [p["measured"] for p in ok]) if ok else None,
@@ -134,7 +156,7 @@ def markdown(r: dict[str, Any]) -> str:
     table = md_table(["layout", "ranks", "measured median step (s)", "projected (s)", "error"], rows)
     return (table + f"\n\nMAPE {100 * r['mape']:.1f}% (target ≤ {100 * MAPE_TARGET:.0f}%), Kendall τ "
             f"{r['kendall_tau']:.2f} (target ≥ {TAU_TARGET}); {len(r['points'])} layouts, "
-            f"{r['threads_per_rank']} thread(s) per rank, load average at start "
+            f"{r['threads_per_rank']} thread(s) per rank{', profile rescaled per run (--reprobe)' if r.get('reprobe') else ''}, load average at start "
             f"{r['machine']['loadavg_at_start'][0]:.1f} on {r['machine']['cores']} cores.")
 
 
@@ -154,9 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, help="intra-op threads per rank (OMP_NUM_THREADS) for every run; "
                         "default: torch's (all cores for 1 rank, 1 each for 2 ranks)")
+    parser.add_argument("--reprobe", action="store_true",
+                        help="on a shared, loaded host: scale the profile by a GEMM probe taken before and after "
+                             "each run (the load the run saw), instead of the profile measured once at the start")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite the table in docs/plan.md")
     args = parser.parse_args(argv)
-    result = run(args.quick, args.steps, args.threads)
+    result = run(args.quick, args.steps, args.threads, args.reprobe)
     path = save("projection_cpu", result)
     text = markdown(result)
     print(text)
