@@ -127,6 +127,7 @@ def search_layouts(loaded: Loaded, profile, *, nodes: int, gpus_per_node: int, t
     profile = replace(profile, gpus_per_node=gpus_per_node)
     return search(loaded.model, loaded.layout, profile, loaded.options, nodes=nodes, gpus_per_node=gpus_per_node,
                   top=top, overrides_of=backend.layout_overrides, shardings=backend.SHARDINGS, recomputes=backend.RECOMPUTES,
+                  context_parallel=backend.CONTEXT_PARALLEL,
                   engine_check=lambda o: engine_check(loaded, o, nodes * gpus_per_node))
 
 def run(args, overrides: list[str]) -> int:

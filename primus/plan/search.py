@@ -101,12 +101,12 @@ def check_world(nodes: int, gpus_per_node: int) -> None:
 
 
 def candidates(model: ModelSpec, base: ParallelLayout, *, world: int, gpus_per_node: int,
-               shardings=SHARDING, recomputes=RECOMPUTE):
+               shardings=SHARDING, recomputes=RECOMPUTE, context_parallel: bool = True):
     """(layout, vpp) pairs legal by the neutral rules for ``world`` ranks and the base's global batch."""
     gbs = base.effective_global_batch_size
     tps = [t for t in divisors(gpus_per_node) if world % t == 0]
     pps = [p for p in divisors(model.n_layers) if world % p == 0]
-    cps = [c for c in (1, 2, 4, 8, 16) if base.seq_len % (2 * c) == 0 or c == 1]
+    cps = [c for c in (1, 2, 4, 8, 16) if base.seq_len % (2 * c) == 0 or c == 1] if context_parallel else [1]
     eps = [e for e in divisors(model.n_experts) if e <= world] if model.is_moe else [1]
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if world % (tp * pp * cp):
@@ -137,7 +137,7 @@ def search(model: ModelSpec, base: ParallelLayout, profile: DeviceProfile, optio
            nodes: int, gpus_per_node: int, top: int = 10, usable_fraction: float = 0.9,
            overrides_of: Callable[[dict[str, Any]], list[str]] = lambda c: [],
            engine_check: Callable[[list[str]], str | None] | None = None,
-           shardings=SHARDING, recomputes=RECOMPUTE) -> SearchResult:
+           shardings=SHARDING, recomputes=RECOMPUTE, context_parallel: bool = True) -> SearchResult:
     """Rank the legal, fitting layouts (module docstring). Raises ``ConfigError`` when none is left."""
     check_world(nodes, gpus_per_node)
     started = time.monotonic()
@@ -145,7 +145,8 @@ def search(model: ModelSpec, base: ParallelLayout, profile: DeviceProfile, optio
     budget = profile.memory_gib * 1024**3 * usable_fraction
     scored, count, fitting = [], 0, 0
     for layout, vpp, recompute in candidates(model, base, world=world, gpus_per_node=gpus_per_node,
-                                             shardings=shardings, recomputes=recomputes):
+                                             shardings=shardings, recomputes=recomputes,
+                                             context_parallel=context_parallel):
         count += 1
         if time.monotonic() - started > TIME_BUDGET_S:
             break

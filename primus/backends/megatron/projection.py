@@ -50,6 +50,17 @@ def layout_overrides(choice: dict[str, Any]) -> list[str]:
         out.append("overlap_param_gather=false")
     return out
 
+
+def _runs_here(key: str) -> bool:
+    """Whether Primus's Megatron backend runs ``key`` (``support.REFUSED``: accepted by validate and plan,
+    refused when the run starts): the search proposes only layouts ``primus train`` runs."""
+    from primus.backends.megatron.support import REFUSED
+
+    return key not in REFUSED
+
+
 RECOMPUTES = ("none", "selective", "full")  # recompute_granularity null, selective (core attention), full
 STEPS_KEY = "train_iters"  # how many steps a run trains (primus plan --search --measure)
-SHARDINGS = ("none", "optimizer", "fsdp")  # DDP, distributed optimizer, torch FSDP2
+# DDP, distributed optimizer, torch FSDP2 (when the backend runs it)
+SHARDINGS = ("none", "optimizer") + (("fsdp",) if _runs_here("use_torch_fsdp2") else ())
+CONTEXT_PARALLEL = _runs_here("context_parallel_size")

@@ -51,6 +51,8 @@ def layout_overrides(choice: dict[str, Any]) -> list[str]:
                 f"parallelism.pipeline_parallel_schedule={'Interleaved1F1B' if choice['vpp'] > 1 else '1F1B'}"]
     return out
 
+
 RECOMPUTES = ("none", "op", "full")  # activation_checkpoint.mode none, selective (per-op), full
 STEPS_KEY = "training.steps"  # how many steps a run trains (primus plan --search --measure)
 SHARDINGS = ("none", "fsdp")  # DDP (data_parallel_replicate_degree) or FSDP2 (data_parallel_shard_degree)
+CONTEXT_PARALLEL = True
