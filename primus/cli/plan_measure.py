@@ -40,9 +40,13 @@ def measure_rows(exp: str, overrides: list[str], framework: str, result, *, node
                 done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                       timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                row.measure_error = f"no result within {timeout_s:.0f} s"
                 continue
             if done.returncode == 0:
                 row.measured_step_time = _median_step(next(workspace.glob(f"*/*/{name}/metrics.jsonl"), None))
+            else:
+                lines = [line for line in done.stderr.splitlines() if line.strip()]
+                row.measure_error = f"exit {done.returncode}: {lines[-1] if lines else ''}"[:300]
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     measured = result.rows[:top]

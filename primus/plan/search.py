@@ -47,6 +47,7 @@ class Row:
     memory_gb: float
     overrides: list[str] = field(default_factory=list)
     measured_step_time: float | None = None
+    measure_error: str | None = None  # why a measured run failed (--measure)
 
 
 @dataclass
