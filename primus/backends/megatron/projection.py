@@ -48,6 +48,8 @@ def layout_overrides(choice: dict[str, Any]) -> list[str]:
     out.append(f"use_torch_fsdp2={str(sharding == 'fsdp').lower()}")
     if sharding != "optimizer":  # Megatron-LM gathers parameters itself only with the distributed optimizer
         out.append("overlap_param_gather=false")
+    if sharding == "fsdp":  # Megatron-LM: torch FSDP2 does not take gradient-accumulation fusion
+        out.append("gradient_accumulation_fusion=false")
     return out
 
 
