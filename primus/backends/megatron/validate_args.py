@@ -425,10 +425,13 @@ def _check_world(args, world_size: int, m: str) -> int:
     """The layout against the world size; the data-parallel size."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ep, etp = args.expert_model_parallel_size, args.expert_tensor_parallel_size or tp
-    if world_size % (tp * pp):
-        raise ConfigError(f"{m}: world size ({world_size}) is not divisible by tensor_model_parallel_size x "
-                          f"pipeline_model_parallel_size ({tp} x {pp} = {tp * pp})")
-    dp = world_size // (tp * pp)
+    cp = args.context_parallel_size or 1
+    if world_size % (tp * pp * cp):
+        names, sizes = "tensor_model_parallel_size x pipeline_model_parallel_size", f"{tp} x {pp}"
+        if cp > 1:
+            names, sizes = names + " x context_parallel_size", sizes + f" x {cp}"
+        raise ConfigError(f"{m}: world size ({world_size}) is not divisible by {names} ({sizes} = {tp * pp * cp})")
+    dp = world_size // (tp * pp * cp)  # Megatron-LM's data_parallel_size: context-parallel ranks are not data-parallel
     if world_size % (etp * ep * pp):
         raise ConfigError(f"{m}: world size ({world_size}) is not divisible by expert_tensor_parallel_size x "
                           f"expert_model_parallel_size x pipeline_model_parallel_size ({etp} x {ep} x {pp})")
