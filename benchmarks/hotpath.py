@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from primus.logs.setup import setup_logging
     from primus.runtime.context import RunContext
-    from primus.runtime.metrics import MetricsReporter, StepReport, derive
+    from primus.runtime.metrics import StepReport, derive
+    from primus.runtime.reporter import MetricsReporter
 
     tmp = Path(tempfile.mkdtemp(prefix="primus-hotpath-"))
     stdout, sys.stdout = sys.stdout, io.StringIO()  # the console handler writes here, not to the terminal

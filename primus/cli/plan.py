@@ -44,25 +44,6 @@ def _device_names() -> list[str]:
     return sorted(DEVICE_MEMORY_GIB) + ["local (--project/--search: measured by primus preflight)"]
 
 
-def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ) -> tuple[int | None, str]:
-    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says."""
-    parts, sources = [], []
-    for flag, value, var in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE"), ("-N", nnodes, "NNODES")):
-        if value is not None:
-            parts.append(value)
-            sources.append(f"{flag} {value}")
-        elif env.get(var):
-            parts.append(int(env[var]))
-            sources.append(f"${var}={env[var]}")
-        else:
-            parts.append(1)
-    if not sources:
-        if env.get("WORLD_SIZE"):
-            return int(env["WORLD_SIZE"]), f"$WORLD_SIZE={env['WORLD_SIZE']}"
-        return None, "not given (--nproc-per-node, -N): the smallest world the experiment's layout runs on"
-    return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"
-
-
 def _assumptions(world: int, source: str, device: str | None) -> str:
     shown = f"device {device} (--device)" if device else "no device (--device NAME to check that it fits)"
     return f"plan for world size {world} ({source}), {shown}"
@@ -103,6 +84,8 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
         from primus.plan.estimate import device_memory_bytes
 
         device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
+    from primus.launch.plan import world_size_of
+
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
     sizing, model, layout = load_experiment(args.exp, overrides, args.module, given)
     world = given or layout.world_size

@@ -134,7 +134,7 @@ def run(args, overrides: list[str]) -> int:
     """``primus plan EXP --project`` / ``--search [--measure]``: print, exit 0 (or 2 on bad input)."""
     import sys
 
-    from primus.cli.plan import world_size_of
+    from primus.launch.plan import world_size_of
     from primus.plan.search import check_world
 
     if not args.device:

@@ -117,3 +117,22 @@ def plan_from_config(config: LauncherConfig) -> LaunchPlan:
         raise ConfigError(f"a {plan.nnodes}-node job needs the rendezvous host: set MASTER_ADDR or --master-addr "
                           "(the address of node 0, reachable from every node)")
     return plan
+
+
+def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ) -> tuple[int | None, str]:
+    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says."""
+    parts, sources = [], []
+    for flag, value, var in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE"), ("-N", nnodes, "NNODES")):
+        if value is not None:
+            parts.append(value)
+            sources.append(f"{flag} {value}")
+        elif env.get(var):
+            parts.append(int(env[var]))
+            sources.append(f"${var}={env[var]}")
+        else:
+            parts.append(1)
+    if not sources:
+        if env.get("WORLD_SIZE"):
+            return int(env["WORLD_SIZE"]), f"$WORLD_SIZE={env['WORLD_SIZE']}"
+        return None, "not given (--nproc-per-node, -N): the smallest world the experiment's layout runs on"
+    return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"

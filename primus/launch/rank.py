@@ -19,8 +19,8 @@ from primus.runtime.adapter import EnginePlan, ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import device_peak
 from primus.runtime.averages import StepAverages
-from primus.runtime.metrics import MetricsReporter
-from primus.runtime.projection_check import projection_line
+from primus.runtime.reporter import MetricsReporter
+from primus.launch.projection_check import projection_line
 from primus.runtime.sinks.trackers import tracker_sinks
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import Preempted, StopSignal

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from primus.runtime.faults import maybe_inject
 from primus.runtime.preemption import StopSignal
-from primus.runtime.metrics import MetricsReporter, StepMetrics, StepReport
+from primus.runtime.metrics import StepMetrics, StepReport
+from primus.runtime.reporter import MetricsReporter
 
 
 def host_device() -> str:

@@ -1,23 +1,18 @@
 """Uniform step metrics: one path from every backend to the console, metrics.jsonl and trackers.
 
-Backends hand in what they measured (``StepReport``); ``MetricsReporter`` derives the rates
-once, the same way for everyone, and hands the record to each sink on the reporting rank
-(``primus/runtime/sinks/``: metrics.jsonl, the ``[TRAIN]`` console line, TensorBoard, W&B,
-MLflow). A new destination is one small sink class.
+Backends hand in what they measured (``StepReport``); ``derive`` computes the rates once, the
+same way for everyone; ``primus.runtime.reporter.MetricsReporter`` hands the record to each sink
+on the reporting rank (``primus/runtime/sinks/``: metrics.jsonl, the ``[TRAIN]`` console line,
+TensorBoard, W&B, MLflow). A new destination is one small sink class.
 """
 from __future__ import annotations
 
 import math
 import resource
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from primus.runtime.sinks import MetricSink
-    from primus.runtime.averages import StepAverages
 
 
 
@@ -117,38 +112,3 @@ def format_train_line(m: StepMetrics) -> str:
         if _is_number(value):
             line += f" {key}={value:.4g}" if isinstance(value, float) and math.isfinite(value) else f" {key}={value}"
     return line
-
-
-class MetricsReporter:
-    """Derives each step once and fans it out to the sinks; only the reporting rank (0) has sinks.
-
-    Default sinks: metrics.jsonl, the console line, TensorBoard (if installed and enabled);
-    ``extra_sinks`` (experiment trackers) follow them.
-    """
-
-    def __init__(self, run_dir: Path, *, rank: int, world_size: int, device: str,
-                 peak_tflops: float | None, enable_tensorboard: bool = True,
-                 extra_sinks: Sequence["MetricSink"] = (), averages: "StepAverages | None" = None):
-        from primus.runtime.sinks import standard_sinks
-
-        self.rank, self.world_size, self.device, self.peak = rank, world_size, device, peak_tflops
-        self.averages = averages  # AMD Primus's log_avg_*: tumbling averages in each record's extra
-        self.step_times: list[float] = []  # every step's time, for the end-of-run projection check
-        self.sinks: list[MetricSink] = []
-        if rank == 0:
-            self.sinks = [*standard_sinks(run_dir, enable_tensorboard=enable_tensorboard), *extra_sinks]
-
-    def report(self, report: StepReport) -> StepMetrics:
-        metrics = derive(report, world_size=self.world_size, device=self.device, peak_tflops=self.peak)
-        self.step_times.append(metrics.step_time)
-        if self.averages is not None:
-            metrics.extra.update(self.averages.update(metrics))
-        for sink in self.sinks:
-            sink.write(metrics)
-        return metrics
-
-    def close(self, status: str = "completed") -> None:
-        """``status``: how the run ended (completed, failed, preempted), for trackers that record it."""
-        sinks, self.sinks = self.sinks, []
-        for sink in sinks:
-            sink.close(status)

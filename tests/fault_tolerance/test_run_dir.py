@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from primus.config.errors import ConfigError
-from primus.runtime.metrics import MetricsReporter, StepReport
+from primus.runtime.metrics import StepReport
+from primus.runtime.reporter import MetricsReporter
 from primus.runtime.rundir import INTERRUPTED, ExitCode, RunDir
 from tests.conftest import ROOT, TINY_EXAMPLE
 

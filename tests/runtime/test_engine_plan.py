@@ -1,18 +1,16 @@
-"""One plan per launch: built once per process, read by every command, one FLOPs convention."""
+"""One plan per launch: built once per process, read by every command, one FLOPs convention.
+(The layers between packages: tests/test_layers.py.)"""
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT, read_metrics, run_dir_of
 
-BACKENDS = ROOT / "primus" / "backends"
 TINY = {"torchtitan": ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml",
         "megatron": ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"}
 
@@ -40,29 +38,6 @@ counted(support, "_run_time_notes", "run_time_notes")
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, **calls}))
 """
-
-
-def _imports(path: Path) -> set[str]:
-    """Every module a file imports, at any depth (function-level imports included)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-    return found
-
-
-@pytest.mark.parametrize("package,forbidden", [
-    ("backends", ("primus.preflight", "primus.launch", "primus.cli")),
-    ("plan", ("primus.preflight", "primus.launch", "primus.cli", "primus.runtime", "primus.backends")),
-    ("runtime", ("primus.preflight", "primus.launch", "primus.cli")),
-    ("config", ("primus.preflight", "primus.launch", "primus.cli", "primus.runtime", "primus.backends")),
-])
-def test_dependency_arrows_point_one_way(package, forbidden):
-    bad = {str(path.relative_to(ROOT)): sorted(m for m in _imports(path) if m.startswith(forbidden))
-           for path in (ROOT / "primus" / package).rglob("*.py")}
-    assert not {k: v for k, v in bad.items() if v}
 
 
 @pytest.mark.e2e

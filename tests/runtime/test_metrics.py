@@ -5,7 +5,8 @@ import pytest
 from primus.plan.model import ModelSpec
 from primus.plan.devices import device_key, peak_tflops
 from primus.plan.flops import dense_decoder_flops_per_token
-from primus.runtime.metrics import MetricsReporter, StepReport, derive, format_train_line
+from primus.runtime.metrics import StepReport, derive, format_train_line
+from primus.runtime.reporter import MetricsReporter
 from tests.conftest import SEED_TRAIN_LINE
 
 
@@ -111,7 +112,8 @@ def test_a_non_finite_loss_stops_the_run_after_it_is_recorded(tmp_path, loss):
     import logging
 
     from primus.runtime.context import NonFiniteLoss, RunContext
-    from primus.runtime.metrics import MetricsReporter, StepReport
+    from primus.runtime.metrics import StepReport
+    from primus.runtime.reporter import MetricsReporter
 
     reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None, enable_tensorboard=False)
     ctx = RunContext(run_dir=tmp_path, rank=0, local_rank=0, world_size=1, device="cpu",

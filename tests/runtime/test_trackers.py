@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from primus.runtime.metrics import MetricsReporter, StepReport
+from primus.runtime.metrics import StepReport
+
+from primus.runtime.reporter import MetricsReporter
 from primus.runtime.sinks.trackers import mlflow_settings, tracker_sinks, wandb_settings
 from tests.helpers import ROOT
 from tests.runtime.trackers_readback import mlflow_run, wandb_offline_run

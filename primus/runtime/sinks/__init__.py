@@ -1,14 +1,13 @@
 """Where a step's metrics go: one small class per destination.
 
-``MetricsReporter`` derives a step once and calls ``write`` on each sink of the reporting
-rank; ``close`` is called once at the end with how the run ended. The standard sinks
-(metrics.jsonl, the console's ``[TRAIN]`` line, TensorBoard) fail loudly; experiment
-trackers (``trackers.py``: W&B, MLflow) never fail a run.
+``MetricsReporter`` (``primus/runtime/reporter.py``, which also picks the standard ones) derives a
+step once and calls ``write`` on each sink of the reporting rank; ``close`` is called once at the
+end with how the run ended. The standard sinks (metrics.jsonl, the console's ``[TRAIN]`` line,
+TensorBoard) fail loudly; experiment trackers (``trackers.py``: W&B, MLflow) never fail a run.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from pathlib import Path
 
 from primus.runtime.metrics import StepMetrics
 
@@ -20,16 +19,3 @@ class MetricSink(ABC):
 
     def close(self, status: str = "completed") -> None:
         """Flush and release; ``status`` is completed, failed or preempted."""
-
-
-def standard_sinks(run_dir: Path, *, enable_tensorboard: bool = True) -> list[MetricSink]:
-    """metrics.jsonl first (the record of truth), then the console line, then TensorBoard."""
-    from primus.runtime.rundir import RunDir
-    from primus.runtime.sinks.console import ConsoleSink
-    from primus.runtime.sinks.jsonl import JsonlSink
-    from primus.runtime.sinks.tensorboard import tensorboard_sink
-
-    sinks: list[MetricSink] = [JsonlSink(RunDir(run_dir).metrics), ConsoleSink()]
-    if enable_tensorboard and (tb := tensorboard_sink(run_dir / "tensorboard")) is not None:
-        sinks.append(tb)
-    return sinks
