@@ -5,6 +5,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from primus.config.errors import ConfigError
 from primus.config.yaml_source import Layer
 
 
@@ -90,3 +91,29 @@ def merge_layer(base: dict[str, Any], layer: Layer, provenance: Provenance, *, p
 
     walk(base, layer.data, "")
     return base
+
+
+def error_at(provenance: Provenance | None, key: str, message: str, hint: str = "") -> ConfigError:
+    """The one shape of a mistake: ``file:line: dotted.key: message`` (where the key was set; the key
+    alone without provenance)."""
+    return ConfigError.at(provenance.describe(key) if provenance is not None else None, key, message, hint)
+
+
+def located(error: ConfigError, provenance: Provenance | None, prefix: str = "") -> ConfigError:
+    """``error`` (each of its mistakes) with the file:line of the dotted key it names in front: the key it
+    carries (under ``prefix`` when relative), else the ``modules.…`` key its message starts with."""
+    if provenance is None:
+        return error
+
+    def one(mistake: ConfigError) -> ConfigError:
+        text = str(mistake)
+        key = mistake.key or ""
+        if key and not key.startswith("modules.") and prefix:
+            key = f"{prefix}.{key}"
+        if not key.startswith("modules."):
+            key = text.split(":", 1)[0]
+        if not key.startswith("modules.") or " " in key:
+            return mistake
+        return ConfigError(f"{provenance.describe(key)}: {text}", key=mistake.key or key)
+
+    return ConfigError.of_all(one(mistake) for mistake in error.errors)

@@ -30,6 +30,7 @@ from primus.backends.megatron.validate_args import (
     virtual_pipeline_size,
 )
 from primus.config.errors import ConfigError, did_you_mean
+from primus.config.provenance import error_at, located
 from primus.plan.model import ModelSpec
 
 __all__ = ["MegatronArgs", "parse_args", "translate_neutral_model", "check_parallel_layout", "default_args",
@@ -86,19 +87,16 @@ TRANSLATED_KEYS = frozenset(translate_neutral_model({
     "mtp_layers": 1}))
 
 
-def _where(provenance, dotted: str) -> str:
-    describe = getattr(provenance, "describe", None)
-    location = describe(dotted) if describe else None
-    return f"{location}: " if location else ""
-
-
 def _dests_from_options(params: dict[str, Any], module: str, provenance) -> dict[str, Any]:
-    """Keys spelled as Megatron-LM options (``norm_epsilon``, ``disable_bias_linear``) -> their dests."""
+    """Keys spelled as Megatron-LM options (``norm_epsilon``, ``disable_bias_linear``) -> their dests;
+    every key that cannot be one is a mistake, all of them said together."""
     aliases, table = option_aliases(), megatron_lm_table()
     out: dict[str, Any] = {}
     spelled: dict[str, str] = {}
+    errors: list[ConfigError] = []
     for key, value in params.items():
         alias = aliases.get(key)
+        dotted = f"modules.{module}.{key}"
         if alias is None:
             dest = key
         else:
@@ -106,15 +104,17 @@ def _dests_from_options(params: dict[str, Any], module: str, provenance) -> dict
             try:
                 value = alias.value(value, table[dest].default)
             except ValueError as exc:
-                dotted = f"modules.{module}.{key}"
-                raise ConfigError(f"{_where(provenance, dotted)}{dotted}: {exc} (got {value!r})") from None
+                errors.append(error_at(provenance, dotted, f"{exc} (got {value!r})"))
+                continue
         if dest in out:
             other = spelled.get(dest, dest)
-            dotted = f"modules.{module}.{key}"
-            raise ConfigError(f"{_where(provenance, dotted)}{dotted}: the same Megatron-LM argument as '{other}' "
-                              f"({', '.join(table[dest].options)}); give one of them")
+            errors.append(error_at(provenance, dotted, f"the same Megatron-LM argument as '{other}' "
+                                                       f"({', '.join(table[dest].options)}); give one of them"))
+            continue
         out[dest] = value
         spelled[dest] = key
+    if errors:
+        raise ConfigError.of_all(errors)
     return out
 
 
@@ -142,23 +142,29 @@ def parse_args(params: dict[str, Any], *, module: str = "pre_trainer", provenanc
     for key in unset:
         args.note(key, table[key].default, "null: not given (Megatron-LM's command line has no null), its default")
     args._given = set(merged)  # what the experiment set (support.run_time_notes checks only these)
-    apply_megatron_lm_rules(args, module=module)
-    check_parallel_layout(args, world_size=None, module=module)
+    try:
+        apply_megatron_lm_rules(args, module=module)
+        check_parallel_layout(args, world_size=None, module=module)
+    except ConfigError as exc:  # Megatron-LM's rules name the dotted key: say where it was set
+        raise located(exc, provenance) from None
     return args
 
 
 def _config_error(exc: Exception, prefix: str, names, provenance) -> ConfigError:
+    """Every mistake pydantic found, one line each (file:line, the dotted key, did-you-mean)."""
     if not isinstance(exc, ValidationError):
-        return ConfigError(f"{_where(provenance, prefix)}{prefix}: {exc}")
-    error = exc.errors()[0]
-    key = ".".join(str(part) for part in error["loc"])
-    dotted = f"{prefix}.{key}" if key else prefix
-    where = _where(provenance, dotted)
-    if error["type"] == "extra_forbidden":
-        return ConfigError(f"{where}{dotted}: unknown Megatron argument{did_you_mean(key, names)}")
-    value = error.get("input")
-    shown = f" (got {value!r})" if key and not isinstance(value, dict) else ""
-    return ConfigError(f"{where}{dotted}: {error['msg']}{shown}")
+        return error_at(provenance, prefix, str(exc))
+    errors = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        dotted = f"{prefix}.{key}" if key else prefix
+        if error["type"] == "extra_forbidden":
+            errors.append(error_at(provenance, dotted, "unknown Megatron argument", did_you_mean(key, names)))
+            continue
+        value = error.get("input")
+        shown = f" (got {value!r})" if key and not isinstance(value, dict) else ""
+        errors.append(error_at(provenance, dotted, f"{error['msg']}{shown}"))
+    return ConfigError.of_all(errors)
 
 
 def default_args() -> dict[str, Any]:

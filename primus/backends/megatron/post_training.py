@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from primus.config.errors import ConfigError
+from primus.config.provenance import error_at
 from primus.data.sft import Format, SFTDataSpec
 
 # The Megatron-LM shape arguments; any of them (or a `model:` block) means the user described the network.
@@ -97,10 +98,13 @@ def read_keys(params: dict[str, Any], prefix: str, provenance=None) -> MegatronP
     try:
         return MegatronPostTrainingKeys(**present)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        key = f"{prefix}.{error['loc'][0]}"
-        where = f"{provenance.describe(key)}: " if provenance is not None else ""
-        raise ConfigError(f"{where}{key}={error.get('input')!r}: {error['msg']}") from None
+        raise ConfigError.of_all(_value_error(error, prefix, provenance) for error in exc.errors()) from None
+
+
+def _value_error(error: dict, prefix: str, provenance) -> ConfigError:
+    key = f"{prefix}.{error['loc'][0]}"
+    where = f"{provenance.describe(key)}: " if provenance is not None else ""
+    return ConfigError(f"{where}{key}={error.get('input')!r}: {error['msg']}", key=key)
 
 
 def instruction_spec(keys: MegatronPostTrainingKeys) -> SFTDataSpec:
@@ -128,9 +132,8 @@ def strip_post_training(params: dict[str, Any], derived: list | None = None, *, 
             try:
                 config = hf_config(hf_dir, tiny_root)
             except ConfigError:
-                where = f"{provenance.describe(prefix + '.hf_path')}: " if provenance is not None else ""
-                raise ConfigError(f"{where}{prefix}.hf_path: {hf_dir} has no config.json (a Hugging Face model "
-                                  "folder), and no model preset describes the network") from None
+                raise error_at(provenance, f"{prefix}.hf_path", f"{hf_dir} has no config.json (a Hugging Face model "
+                               "folder), and no model preset describes the network") from None
             spec = model_spec_from_hf(config, f"{prefix}.hf_path: {hf_dir}/config.json")
             params["model"] = spec.model_dump(exclude_none=True)
             note(("model", f"{spec.family} {spec.n_layers}x{spec.dim}", f"from {hf_dir}/config.json (hf_path)"))
@@ -181,8 +184,8 @@ def check_post_training_inputs(plan, *, provenance=None) -> None:
             try:
                 jsonl_files(path)
             except ConfigError:
-                where = f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
-                raise ConfigError(f"{where}{prefix}.{key}: {path} does not exist (a .jsonl file or a folder of them)") from None
+                raise error_at(provenance, f"{prefix}.{key}",
+                               f"{path} does not exist (a .jsonl file or a folder of them)") from None
     if post.hf_path is None or isinstance(post.hf_path, str) or built_by_prepare(post.hf_path, plan.module.params):
         return  # a Hub id is checked once prepare fetched it; the tiny model is Primus's own
     from primus.hf.checkpoint import HFCheckpoint, check_against_spec

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from primus.config.errors import ConfigError, did_you_mean
 from primus.plan.model import ModelSpec
-from primus.config.provenance import Provenance
+from primus.config.provenance import Provenance, error_at
 from primus.config.schema import validate_model
 from primus.backends.torchtitan.model import ATTENTION_BACKENDS, build_model_spec
 from primus.backends.torchtitan.ranges import check_ranges, non_finite_numbers
@@ -63,7 +63,7 @@ class BuildContext:
         return self.provenance.describe(full) if self.provenance else full
 
     def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.where(key)}: {self.prefix}.{key}: {message}")
+        return error_at(self.provenance, f"{self.prefix}.{key}", message)
 
 
 @functools.cache
@@ -99,19 +99,28 @@ def _check_type(cls: type, name: str, value: Any, ctx: BuildContext, key: str) -
                             f"{exc.errors()[0]['msg']}") from None
 
 
-def apply_tree(obj: Any, data: dict[str, Any], ctx: BuildContext, path: str = "") -> None:
-    """Set ``data`` onto the dataclass ``obj`` recursively, refusing unknown keys."""
+def apply_tree(obj: Any, data: dict[str, Any], ctx: BuildContext, path: str = "",
+               errors: list[ConfigError] | None = None) -> None:
+    """Set ``data`` onto the dataclass ``obj`` recursively, refusing unknown keys and wrong types: every
+    mistake of the section, said together."""
+    found: list[ConfigError] = [] if errors is None else errors
     fields = {f.name for f in dataclasses.fields(obj) if not f.name.startswith("_")}
     for name, value in data.items():
         key = f"{path}.{name}" if path else name
         if name not in fields:
-            raise ctx.fail(key, f"unknown key for TorchTitan {type(obj).__qualname__}"
-                                f"{did_you_mean(name, fields)}")
+            found.append(ctx.fail(key, f"unknown key for TorchTitan {type(obj).__qualname__}"
+                                       f"{did_you_mean(name, fields)}"))
+            continue
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            apply_tree(current, value, ctx, key)
-        else:
+            apply_tree(current, value, ctx, key, found)
+            continue
+        try:
             setattr(obj, name, _check_type(type(obj), name, copy.deepcopy(value), ctx, key))
+        except ConfigError as exc:
+            found.append(exc)
+    if errors is None and found:
+        raise ConfigError.of_all(found)
 
 
 def _model(params: dict[str, Any], attn: str, ctx: BuildContext):

@@ -18,6 +18,7 @@ from primus.backends.megatron.post_training import (MegatronPostTraining, Megatr
                                                     check_post_training_inputs, is_post_training, post_training,
                                                     read_keys)
 from primus.config.errors import ConfigError
+from primus.config.provenance import error_at
 from primus.data.sft import SFTDataSpec
 from primus.data.tiny_assets import built_by_prepare, tiny_assets_dir
 from primus.plan.flops import flops_per_token
@@ -113,9 +114,7 @@ class MegatronRecipe(Recipe):
             checks.append(("load", Path(args.load)))
         for key, path in checks:
             if not path.exists() and not built_by_prepare(path, plan.module.params):
-                full = f"{prefix}.{key}"
-                where = f"{provenance.describe(full)}: " if provenance is not None else ""
-                raise ConfigError(f"{where}{full}: {path} does not exist")
+                raise error_at(provenance, f"{prefix}.{key}", f"{path} does not exist")
 
     def prepare(self, plan: MegatronPlan, log: Callable[[str], None]) -> list[Derived]:
         # an argument that cannot be honoured here stops a real run now (exit 2, one line), before any

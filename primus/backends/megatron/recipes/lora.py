@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from primus.backends.megatron.lora import lora_of
-from primus.config.errors import ConfigError
+from primus.config.provenance import error_at
 from primus.runtime.adapter import ModuleConfig, WrappingRecipe
 
 if TYPE_CHECKING:
@@ -29,9 +29,8 @@ class MegatronLoRA(WrappingRecipe):
             plan.recipe = self.base
             return plan
         if plan.engine_config.sequence_parallel:
-            where = f"{provenance.describe(module.prefix + '.lora')}: " if provenance is not None else ""
-            raise ConfigError(f"{where}{module.prefix}.lora: LoRA with sequence_parallel is not supported yet "
-                              "(set sequence_parallel: false)")
+            raise error_at(provenance, f"{module.prefix}.lora",
+                           "LoRA with sequence_parallel is not supported yet (set sequence_parallel: false)")
         plan.lora = lora
         base = "" if module.params.get("hf_path") else " (no hf_path: the frozen base is megatron-core's random init)"
         plan.derive("lora", lora.describe(), f"adapters y = W x + {lora.scale:g} * B A x on megatron-core's linears "

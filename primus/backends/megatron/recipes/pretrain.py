@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from primus.backends.megatron.post_training import MegatronPostTrainingKeys
 from primus.backends.megatron.recipes.common import MegatronRecipe
-from primus.config.errors import ConfigError
+from primus.config.provenance import error_at
 from primus.runtime.adapter import ModuleConfig
 
 if TYPE_CHECKING:
@@ -18,8 +18,6 @@ class MegatronPretrain(MegatronRecipe):
 
     def instructions(self, keys: MegatronPostTrainingKeys, module: ModuleConfig, provenance: "Provenance | None"):
         if keys.sft_dataset_name:
-            key = f"{module.prefix}.sft_dataset_name"
-            where = f"{provenance.describe(key)}: " if provenance is not None else ""
-            raise ConfigError(f"{where}{key}: instruction data is read by stage: sft (this module's stage is "
-                              f"{self.stage})")
+            raise error_at(provenance, f"{module.prefix}.sft_dataset_name", "instruction data is read by stage: "
+                           f"sft (this module's stage is {self.stage})")
         return None

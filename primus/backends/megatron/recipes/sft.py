@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from primus.backends.megatron.post_training import MegatronPostTrainingKeys, instruction_spec
 from primus.backends.megatron.recipes.common import MegatronRecipe
-from primus.config.errors import ConfigError
+from primus.config.provenance import error_at
 from primus.data.sft import SFTDataSpec
 from primus.runtime.adapter import ModuleConfig
 
@@ -20,7 +20,6 @@ class MegatronSFT(MegatronRecipe):
     def instructions(self, keys: MegatronPostTrainingKeys, module: ModuleConfig,
                      provenance: "Provenance | None") -> SFTDataSpec:
         if not keys.sft_dataset_name:
-            key = f"{module.prefix}.sft_dataset_name"
-            where = f"{provenance.describe(key)}: " if provenance is not None else ""
-            raise ConfigError(f"{where}{key}: stage sft needs instruction data (a JSONL file or folder)")
+            raise error_at(provenance, f"{module.prefix}.sft_dataset_name",
+                           "stage sft needs instruction data (a JSONL file or folder)")
         return instruction_spec(keys)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from primus.backends.nemo_automodel.config import EXPERTS, build_handoff
 from primus.backends.nemo_automodel.plan import plan_inputs_if_known
 from primus.config.errors import ConfigError
+from primus.config.provenance import error_at, located
 from primus.data.tiny_assets import built_by_prepare, tiny_assets_dir
 from primus.plan.sizing import DIFFUSION
 from primus.runtime.adapter import CheckpointSpec, EnginePlan, ModuleConfig, Recipe
@@ -54,7 +55,7 @@ class WanRecipe(Recipe):
         checkpoint_dir = (run_dir or Path(".")) / "checkpoints"
         plan: DiffusionPlan = EnginePlan(module, self, world_size, {}, CheckpointSpec(checkpoint_dir), sizing=DIFFUSION)
 
-        def where(key: str) -> str:
+        def where(key: str) -> str:  # schema.check's prefix of each unknown key
             return f"{provenance.describe(f'{module.prefix}.{key}')}: " if provenance is not None else ""
 
         try:
@@ -63,7 +64,7 @@ class WanRecipe(Recipe):
                                                dist_backend="nccl" if device.startswith("cuda") else "gloo",
                                                plan=plan)
         except ConfigError as exc:
-            raise ConfigError(f"{where(exc.key)}{exc}" if exc.key else str(exc), key=exc.key) from None
+            raise located(exc, provenance, module.prefix) from None
         self.adapter.import_engine()
         schema.check(plan.engine_config, where)
         restore = plan.engine_config["checkpoint"].get("restore_from")
@@ -86,9 +87,7 @@ class WanRecipe(Recipe):
         for key, value in checks:
             if str(value).startswith((".", "/")) and not Path(value).exists() \
                     and not built_by_prepare(value, plan.module.params):
-                full = f"{prefix}.{key}"
-                where = f"{provenance.describe(full)}: " if provenance is not None else ""
-                raise ConfigError(f"{where}{full}: {value} does not exist")
+                raise error_at(provenance, f"{prefix}.{key}", f"{value} does not exist")
 
     def run(self, plan: DiffusionPlan, ctx: "RunContext") -> None:
         from nemo_automodel.components.config.loader import ConfigNode

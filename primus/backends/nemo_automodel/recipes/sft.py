@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError, did_you_mean
+from primus.config.provenance import error_at, located
 from primus.data.tiny_assets import built_by_prepare, tiny_assets_dir
 from primus.runtime.adapter import CheckpointSpec, EnginePlan, HFWeights, ModuleConfig, Recipe
 
@@ -71,10 +72,10 @@ def build_handoff(params: dict[str, Any], *, checkpoint_dir: Path, dist_backend:
     if cfg.get("recipe") != RECIPE:  # first: a diffusion recipe's keys are not the LLM recipe's typos
         raise ConfigError(f"{prefix}.recipe: stage sft runs {RECIPE} (got {cfg.get('recipe')!r}); "
                           "TrainDiffusionRecipe supports stages pretrain, finetune", key="recipe")
-    for key in cfg:
-        if key not in TOP_LEVEL and not key.startswith("validation_dataset"):
-            raise ConfigError(f"{prefix}.{key}: not read by AutoModel's {RECIPE}{did_you_mean(key, TOP_LEVEL)}",
-                              key=key)
+    unknown = [ConfigError(f"{prefix}.{key}: not read by AutoModel's {RECIPE}{did_you_mean(key, TOP_LEVEL)}", key=key)
+               for key in cfg if key not in TOP_LEVEL and not key.startswith("validation_dataset")]
+    if unknown:
+        raise ConfigError.of_all(unknown)
     model = cfg.setdefault("model", {})
     tiny = (params.get("primus") or {}).get("tiny_assets")
     if tiny and not model.get("pretrained_model_name_or_path"):
@@ -115,12 +116,15 @@ def check_with_recipe_config(cfg: dict[str, Any], prefix: str) -> None:
     from nemo_automodel.recipes._typed_config import RecipeConfig
 
     typed = RecipeConfig(ConfigNode(copy.deepcopy(cfg)))
+    errors = []
     for section in ("step_scheduler", "lr_scheduler", "optimizer", "loss_fn", "checkpoint", "dataloader",
                     "validation_dataloaders"):
         try:
             getattr(typed, section)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{prefix}.{section}: {exc}", key=section) from None
+            errors.append(ConfigError(f"{prefix}.{section}: {exc}", key=section))
+    if errors:
+        raise ConfigError.of_all(errors)
 
 
 def model_spec(cfg: dict[str, Any], tiny_root: Path | None):
@@ -169,15 +173,12 @@ class AutoModelSFT(Recipe):
         checkpoint_dir = (run_dir or Path(".")) / "checkpoints"
         plan: LLMPlan = EnginePlan(module, self, world_size, {}, CheckpointSpec(checkpoint_dir), sizing=LLM)
 
-        def where(key: str) -> str:
-            return f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
-
         try:
             cfg = build_handoff(module.params, checkpoint_dir=checkpoint_dir, plan=plan, prefix=prefix,
                                 dist_backend="nccl" if device.startswith("cuda") else "gloo")
             check_with_recipe_config(cfg, prefix)
         except ConfigError as exc:
-            raise ConfigError(f"{where(exc.key)}{exc}" if exc.key else str(exc), key=exc.key) from None
+            raise located(exc, provenance, prefix) from None
         plan.engine_config = cfg
         plan.checkpoint = CheckpointSpec(checkpoint_dir, load=cfg["model"]["pretrained_model_name_or_path"],
                                          format="hf", step_pattern=SAVED_STEP)
@@ -193,9 +194,7 @@ class AutoModelSFT(Recipe):
         cfg, prefix, params = plan.engine_config, plan.module.prefix, plan.module.params
 
         def fail(key: str, message: str) -> ConfigError:
-            full = f"{prefix}.{key}"
-            where = f"{provenance.describe(full)}: " if provenance is not None else ""
-            return ConfigError(f"{where}{full}: {message}")
+            return error_at(provenance, f"{prefix}.{key}", message)
 
         source = cfg["model"]["pretrained_model_name_or_path"]
         if built_by_prepare(source, params):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from primus.backends.torchtitan import hf_start
 from primus.config.errors import ConfigError
+from primus.config.provenance import error_at
 from primus.data.tiny_assets import built_by_prepare, tiny_assets_dir
 from primus.plan.flops import flops_per_token
 from primus.plan.sizing import LLM
@@ -89,9 +90,7 @@ class TorchTitanRecipe(Recipe):
                    if (path := getattr(cfg.dataloader, key, None))]
         for key, path in checks:
             if not path.exists() and not built_by_prepare(path, plan.module.params):
-                full = f"{prefix}.{key}"
-                where = f"{provenance.describe(full)}: " if provenance is not None else ""
-                raise ConfigError(f"{where}{full}: {path} does not exist")
+                raise error_at(provenance, f"{prefix}.{key}", f"{path} does not exist")
 
     data_keys: tuple[str, ...] = ("dataset_path",)  # the dataloader's files check_inputs looks for
 
@@ -203,15 +202,12 @@ def _check_world_size(module: ModuleConfig, world_size: int, provenance: "Proven
         degrees["pipeline_parallel_degree"] * degrees["context_parallel_degree"]
     product = fixed * shard if shard > 0 else fixed
     if (shard > 0 and product != world_size) or (shard <= 0 and world_size % fixed):
-        key = f"{module.prefix}.parallelism"
-        where = provenance.describe(key) if provenance is not None else key
         layout = " x ".join(f"{k.replace('_degree', '')}={v}" for k, v in {**degrees,
                             "data_parallel_shard_degree": shard}.items())
-        raise ConfigError(f"{where}: {key}: {layout} does not fit the world size "
-                          f"{world_size} (the degrees must multiply to it; shard -1 fills it)")
+        raise error_at(provenance, f"{module.prefix}.parallelism", f"{layout} does not fit the world size "
+                       f"{world_size} (the degrees must multiply to it; shard -1 fills it)")
     from primus.backends.torchtitan.config import expert_layout_problem  # EP inside dp_shard x cp x tp
 
     problem = expert_layout_problem(parallel, world_size)
     if problem:
-        key = f"{module.prefix}.parallelism.expert_parallel_degree"
-        raise ConfigError(f"{provenance.describe(key) if provenance is not None else key}: {key}: {problem}")
+        raise error_at(provenance, f"{module.prefix}.parallelism.expert_parallel_degree", problem)

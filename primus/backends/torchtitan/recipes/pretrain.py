@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from primus.backends.torchtitan import hf_start
 from primus.backends.torchtitan.recipes.common import TorchTitanPlan, TorchTitanRecipe, build_tiny_sft_assets
-from primus.config.errors import ConfigError, did_you_mean
+from primus.config.errors import did_you_mean
+from primus.config.provenance import error_at
 from primus.data.tiny_assets import tiny_assets_dir
 from primus.runtime.adapter import ModuleConfig
 
@@ -83,10 +84,8 @@ class TorchTitanPretrain(TorchTitanRecipe):
         dataset = getattr(cfg.dataloader, "dataset", None)
         known = [*DATASETS, *(name for name in LOCAL_DATASETS if name not in DATASETS)]
         if dataset is not None and dataset.lower() not in known:
-            key = f"{module.prefix}.dataloader.dataset"
-            where = provenance.describe(key) if provenance is not None else key
-            raise ConfigError(f"{where}: {key}: unknown dataset '{dataset}'"
-                              f"{did_you_mean(dataset, known)}; known: {', '.join(known)}")
+            raise error_at(provenance, f"{module.prefix}.dataloader.dataset", f"unknown dataset '{dataset}'"
+                           f"{did_you_mean(dataset, known)}; known: {', '.join(known)}")
 
     def build_tiny_assets(self, plan: TorchTitanPlan, root: Path, log: Callable[[str], None]) -> None:
         if hf_start.hf_source(plan.module.params) is not None:  # the tiny HF model the run starts from
