@@ -63,16 +63,42 @@ def _recompute_fqns(value: Any, ctx, key: str) -> None:
     ctx.set(key, value, "activation_checkpoint.force_recompute_mm_shapes_by_fqns", TT02)
 
 
+# TorchTitan 0.2 / 0.1 names of its float8 converter (0.3.0 names converters by class: float8.py)
+FLOAT8_CONVERTERS = ("quantize.linear.float8", "float8")
+
+
 def _converters(value: Any, ctx, key: str) -> None:
+    """``model.converters``: ours is a mapping (``{float8: {...}}``, checked by the backend); AMD's is a
+    list of 0.2 names, its float8 settings under ``quantize.linear.float8``."""
+    if isinstance(value, dict):
+        ctx.params.setdefault("model", {})["converters"] = value
+        return
     names = [value] if isinstance(value, str) else list(value or [])
-    precision = [n for n in names if n != "primus_turbo"]
-    if precision:
-        ctx.note(key, value, f"model converters {', '.join(precision)} (low-precision training) are not wired "
-                             f"to TorchTitan 0.3.0's converters here", kind="refuse_at_run")
+    other = [n for n in names if n not in FLOAT8_CONVERTERS and n != "primus_turbo"]
+    if other:
+        ctx.note(key, value, f"model converters {', '.join(other)} are not wired to TorchTitan 0.3.0's "
+                             "converters here (float8 is)", kind="refuse_at_run")
+    elif any(n in FLOAT8_CONVERTERS for n in names):
+        ctx.set(key, {"float8": _float8_settings(ctx)}, "model.converters",
+                "TorchTitan 0.2 converter name; settings from quantize.linear.float8, a null recipe_name is "
+                "0.2's tensorwise" + ("; primus_turbo: stock kernels" if "primus_turbo" in names else ""))
     elif names:
         ctx.note(key, value, f"{TURBO} (model converter)", kind="kernel")
     else:
         ctx.note(key, value, "no model converters")
+
+
+def _float8_settings(ctx) -> dict[str, Any]:
+    """TorchTitan 0.2's float8 settings as 0.3.0's converter fields. 0.2 built torchao's tensorwise
+    config when ``recipe_name`` was null (and honoured ``emulate`` only then)."""
+    old = {k.split(".", 1)[1]: v for k, v in ctx.amd.items() if k.startswith("float8.")}  # TorchTitan 0.1
+    settings = {**old, **((ctx.amd.get("quantize.linear") or {}).get("float8") or {})}
+    out: dict[str, Any] = {"recipe_name": settings.get("recipe_name") or "tensorwise"}
+    if settings.get("filter_fqns"):
+        out["filter_fqns"] = list(settings["filter_fqns"])
+    if settings.get("emulate") and not settings.get("recipe_name"):
+        out["emulate"] = True
+    return out
 
 
 def _mock_data(value: Any, ctx, key: str) -> None:
@@ -92,7 +118,8 @@ def _custom_import(value: Any, ctx, key: str) -> None:
 
 def _quantize(value: Any, ctx, key: str) -> None:
     """``quantize.*``: AMD's float8 / MX settings; only a converter listed in model.converters uses them."""
-    ctx.note(key, value, "read by a float8/mx model converter (see model.converters)")
+    ctx.note(key, value, "read by the float8 model converter (model.converters: recipe_name, filter_fqns, emulate; "
+                         "TorchTitan 0.3.0 has no float8 all-gather / scale precompute switches)")
 
 
 RULES = table(
