@@ -181,6 +181,11 @@ def _check_lora(module: ModuleConfig, args, provenance):
     if args.sequence_parallel:
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")
+    from primus.backends.megatron.te_features import uses_context_parallel, uses_fp8
+
+    if uses_fp8(args) or uses_context_parallel(args):
+        raise ConfigError(f"{where}{prefix}.lora: LoRA wraps megatron-core's local linears, and FP8 / context "
+                          "parallelism need Transformer Engine's layers: drop one")
     return lora
 
 

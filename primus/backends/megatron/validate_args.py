@@ -12,6 +12,8 @@ as a note and said once at run time.
 """
 from __future__ import annotations
 
+import math
+
 from primus.config.errors import ConfigError
 from primus.plan.layout import parse_pipeline_layout
 
@@ -385,12 +387,20 @@ def check_parallel_layout(args, world_size: int | None, *, module: str = "pre_tr
     if args.num_experts is not None and args.moe_ffn_hidden_size and args.moe_ffn_hidden_size % etp:
         raise ConfigError(f"{m}: moe_ffn_hidden_size ({args.moe_ffn_hidden_size}) is not divisible by "
                           f"expert_tensor_parallel_size ({etp})")
+    cp = args.context_parallel_size
+    if cp > 1 and args.seq_length is not None and args.seq_length % (2 * cp):
+        raise ConfigError(f"{m}: seq_length ({args.seq_length}) is not a multiple of 2 x context_parallel_size "
+                          f"({2 * cp}): each context-parallel rank takes two chunks (Megatron-LM's rule)")
+    if cp > 1 and args.hierarchical_context_parallel_sizes and \
+            math.prod(args.hierarchical_context_parallel_sizes) != cp:
+        raise ConfigError(f"{m}: hierarchical_context_parallel_sizes {args.hierarchical_context_parallel_sizes} "
+                          f"does not multiply to context_parallel_size ({cp})")
     if world_size is None:
         return None
-    if world_size % (tp * pp):
+    if world_size % (tp * pp * cp):
         raise ConfigError(f"{m}: world size ({world_size}) is not divisible by tensor_model_parallel_size x "
-                          f"pipeline_model_parallel_size ({tp} x {pp} = {tp * pp})")
-    dp = world_size // (tp * pp)
+                          f"pipeline_model_parallel_size x context_parallel_size ({tp} x {pp} x {cp} = {tp * pp * cp})")
+    dp = world_size // (tp * pp * cp)
     if world_size % (etp * ep * pp):
         raise ConfigError(f"{m}: world size ({world_size}) is not divisible by expert_tensor_parallel_size x "
                           f"expert_model_parallel_size x pipeline_model_parallel_size ({etp} x {ep} x {pp})")

@@ -218,12 +218,12 @@ def test_implemented_config_fields_exist_in_the_installed_megatron_core():
 
 
 def test_refused_values_pass_validation_and_stop_the_run():
-    args = parse_args(params(fp8="e4m3"))  # config validate / dry-run: a valid Megatron-LM file
+    args = parse_args(params(fp4="e2m1"))  # config validate / dry-run: a valid Megatron-LM file
     with pytest.raises(ConfigError) as exc:
         support.run_time_notes(args, args.given)
     message = str(exc.value)
-    assert "\n" not in message and message.startswith("modules.pre_trainer.fp8: 'e4m3' cannot be honoured here")
-    assert "Transformer Engine" in message
+    assert "\n" not in message and message.startswith("modules.pre_trainer.fp4: 'e2m1' cannot be honoured here")
+    assert "FP4" in message
 
 
 def test_unsupported_value_of_an_implemented_argument_is_refused_at_run_time():
