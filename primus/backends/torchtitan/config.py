@@ -291,8 +291,8 @@ def _float8(cfg: Any, block: dict[str, Any], device: str, ctx: BuildContext) -> 
     if settings is None:
         return
     if hasattr(cfg, "hf_model"):
-        raise ctx.fail("model.converters", "float8 converts TorchTitan's own Linear layers; Llama 4 runs on "
-                                           "TorchTitan's transformers backend, which has none")
+        ctx.derived.append(("model.converters.float8", "not applied", float8.NOT_ON_HF_BACKEND))
+        return
     compile_enabled = cfg.compile.enable and "model" in cfg.compile.components
     if settings.emulate and compile_enabled:
         raise ctx.fail("model.converters.float8.emulate", "true with compile.enable: torchao's emulation runs "

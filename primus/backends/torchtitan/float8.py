@@ -36,6 +36,10 @@ NOT_WIRED = {"mx": "TorchTitan's MXFP8 converter (needs NVIDIA SM 10.0+)",
              "float8_grouped_experts": "float8 MoE grouped GEMMs (TorchTitan's Float8GroupedExpertsConverter)"}
 
 
+NOT_ON_HF_BACKEND = ("Llama 4 runs on TorchTitan's transformers backend, whose layers the float8 converter does "
+                     "not convert; a run is refused")
+
+
 class Float8Settings(BaseModel):
     """``Float8LinearConverter.Config``'s fields an experiment sets (tests check them against it)."""
 
@@ -95,8 +99,10 @@ def admission_refusal(params: dict[str, Any], target: Target) -> tuple[str, str]
     (or no converter is set). The launcher asks this before any rank starts."""
     from primus.config.errors import ConfigError
 
-    block = (params.get("model") or {}).get("converters")
-    settings = parse_converters(block, lambda key, message: ConfigError(f"{key}: {message}"))
+    model = params.get("model") or {}
+    settings = parse_converters(model.get("converters"), lambda key, message: ConfigError(f"{key}: {message}"))
+    if settings is not None and model.get("name") == "llama4":
+        return "model.converters.float8", NOT_ON_HF_BACKEND.removesuffix("; a run is refused")
     problem = refusal(settings, target) if settings is not None else None
     return ("model.converters.float8", problem) if problem else None
 

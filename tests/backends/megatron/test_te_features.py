@@ -145,14 +145,15 @@ def test_settings_read_only_with_fp8_or_cp_are_said_to_do_nothing_without_them()
                      "cp_comm_type": "accepted, no effect here: read only with context_parallel_size > 1"}
 
 
-def test_lora_with_fp8_is_refused_when_the_plan_is_built():
-    from primus.backends.megatron.adapter import _check_lora
+def test_lora_with_fp8_is_refused_before_any_rank_starts():
+    from primus.backends.megatron.adapter import _refuse_lora_on_te_layers
     from primus.runtime.adapter import ModuleConfig
 
     module = ModuleConfig("pre_trainer", "megatron", "sft", {"lora": {"enabled": True}})
-    with pytest.raises(ConfigError, match="LoRA wraps megatron-core's local linears, and FP8 / context parallelism "
-                                          "need Transformer Engine's layers"):
-        _check_lora(module, args_of(fp8="hybrid"), None)
+    with pytest.raises(ConfigError, match="modules.pre_trainer.lora: LoRA wraps megatron-core's local linears, and "
+                                          "FP8 / context parallelism need Transformer Engine's layers"):
+        _refuse_lora_on_te_layers(module, args_of(fp8="hybrid"))
+    _refuse_lora_on_te_layers(module, args_of())  # LoRA alone: fine
 
 
 def test_the_data_parallel_size_leaves_out_the_context_parallel_ranks():

@@ -115,6 +115,15 @@ def test_a_gpu_without_fp8_units_is_refused_before_any_rank_starts(monkeypatch):
     assert "FP8 units" in str(error.value)
 
 
+def test_llama4_on_the_transformers_backend_is_refused_a_run_in_float8():
+    from primus.backends.torchtitan.float8 import admission_refusal
+
+    params = {"model": {"name": "llama4", "flavor": "17bx16e", "converters": {"float8": {}}}}
+    key, reason = admission_refusal(params, Target("cpu"))
+    assert key == "model.converters.float8" and reason.startswith("Llama 4 runs on TorchTitan's transformers backend")
+    assert admission_refusal({"model": {"name": "llama3", "flavor": "8B"}}, Target("cpu")) is None  # no converter
+
+
 @pytest.mark.e2e
 def test_a_tiny_float8_run_follows_the_fp32_run(run_primus, workspace):
     """40 steps on the same data and seed: float8 (rowwise, torch's CPU float8 GEMMs) against fp32."""
