@@ -80,7 +80,8 @@ def test_dry_run_prints_the_cuda_command_under_the_torch_constraint(monkeypatch)
 def test_dry_run_prints_the_rocm_build_with_its_environment(monkeypatch):
     monkeypatch.delenv("PYTORCH_ROCM_ARCH", raising=False)
     line = _dry_run(monkeypatch, ("2.9.1+rocm6.3", None, "6.3.42131"))[-1]
-    assert line.startswith("NVTE_FRAMEWORK=pytorch NVTE_USE_ROCM=1 NVTE_USE_HIPBLASLT=1 'NVTE_ROCM_ARCH=gfx942;gfx950' ")
+    assert line.startswith("NVTE_FRAMEWORK=pytorch NVTE_USE_ROCM=1 NVTE_USE_HIPBLASLT=1 "
+                           "'NVTE_ROCM_ARCH=gfx942;gfx950' ")
     assert line.endswith("--no-build-isolation git+https://github.com/ROCm/TransformerEngine.git"
                          "@e6ede467a49cfda1859b145e045109e2f330bccc")
 

@@ -185,7 +185,8 @@ REFUSED: dict[str, str] = {
         "exp_avg_sq_dtype", "use_kitchen_attention", "kitchen_attention_backend", "te_rng_tracker",
     ), _TE_PRECISION),
     **dict.fromkeys((
-        "max_seqlen_per_dp_cp_rank", "hybrid_context_parallel", "use_megatron_fsdp", "use_torch_fsdp2", "torch_fsdp2_reshard_after_forward",
+        "max_seqlen_per_dp_cp_rank", "hybrid_context_parallel", "use_megatron_fsdp", "use_torch_fsdp2",
+        "torch_fsdp2_reshard_after_forward",
         "data_parallel_sharding_strategy", "outer_dp_sharding_strategy", "fsdp_double_buffer",
         "enable_full_sharding_in_hsdp", "num_distributed_optimizer_instances",
         "megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype", "megatron_fsdp_grad_comm_dtype",

@@ -132,7 +132,8 @@ def inert_notes(args, given: set[str]) -> list[tuple[str, Any, str]]:
         if dest in FP8_ARGS and not uses_fp8(args):
             notes.append((dest, getattr(args, dest), "accepted, no effect here: read only with fp8"))
         elif dest in CP_ARGS and not uses_context_parallel(args):
-            notes.append((dest, getattr(args, dest), "accepted, no effect here: read only with context_parallel_size > 1"))
+            notes.append((dest, getattr(args, dest),
+                          "accepted, no effect here: read only with context_parallel_size > 1"))
     return notes
 
 

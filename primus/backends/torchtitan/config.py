@@ -291,7 +291,7 @@ def _float8(cfg: Any, block: dict[str, Any], device: str, ctx: BuildContext) -> 
     if settings is None:
         return
     if hasattr(cfg, "hf_model"):
-        ctx.derived.append(("model.converters.float8", "not applied", float8.NOT_ON_HF_BACKEND))
+        ctx.derived.append(("model.converters.float8", "not applied", f"{float8.NOT_ON_HF_BACKEND}; a run is refused"))
         return
     compile_enabled = cfg.compile.enable and "model" in cfg.compile.components
     if settings.emulate and compile_enabled:

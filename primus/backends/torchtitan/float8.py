@@ -23,21 +23,20 @@ emulation on any device (eager mode, for tests).
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from primus.plan.target import Target, has_fp8_gemm
 
-RECIPES = ("rowwise", "rowwise_with_gw_hp", "tensorwise")
-CONVERTERS = ("float8",)  # Primus's names in model.converters (TorchTitan 0.3.0 classes, below)
+Recipe = Literal["rowwise", "rowwise_with_gw_hp", "tensorwise"]
+RECIPES = get_args(Recipe)
+CONVERTERS = ("float8",)  # Primus's names in model.converters (TorchTitan 0.3.0's Float8LinearConverter)
 NOT_WIRED = {"mx": "TorchTitan's MXFP8 converter (needs NVIDIA SM 10.0+)",
              "nvfp4": "TorchTitan's NVFP4 converter (needs NVIDIA SM 10.0+)",
              "float8_grouped_experts": "float8 MoE grouped GEMMs (TorchTitan's Float8GroupedExpertsConverter)"}
-
-
 NOT_ON_HF_BACKEND = ("Llama 4 runs on TorchTitan's transformers backend, whose layers the float8 converter does "
-                     "not convert; a run is refused")
+                     "not convert")
 
 
 class Float8Settings(BaseModel):
@@ -45,7 +44,7 @@ class Float8Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    recipe_name: Literal["rowwise", "rowwise_with_gw_hp", "tensorwise"] = "rowwise"
+    recipe_name: Recipe = "rowwise"
     filter_fqns: list[str] = []
     emulate: bool = False
 
@@ -70,8 +69,8 @@ def parse_converters(block: Any, fail) -> Float8Settings | None:
         settings = Float8Settings.model_validate(block["float8"] or {})
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        raise fail(f"model.converters.float8.{where}", f"{error.get('input')!r}: {error['msg']}") from None
+        key = ".".join(["model.converters.float8", *(str(part) for part in error["loc"])])
+        raise fail(key, f"{error.get('input')!r}: {error['msg']}") from None
     if settings.emulate and settings.recipe_name != "tensorwise":
         raise fail("model.converters.float8.emulate", f"true with recipe_name {settings.recipe_name}: TorchTitan "
                    "0.3.0's emulation always builds torchao's tensorwise config, so the recipe would be ignored; "
@@ -102,7 +101,7 @@ def admission_refusal(params: dict[str, Any], target: Target) -> tuple[str, str]
     model = params.get("model") or {}
     settings = parse_converters(model.get("converters"), lambda key, message: ConfigError(f"{key}: {message}"))
     if settings is not None and model.get("name") == "llama4":
-        return "model.converters.float8", NOT_ON_HF_BACKEND.removesuffix("; a run is refused")
+        return "model.converters.float8", NOT_ON_HF_BACKEND
     problem = refusal(settings, target) if settings is not None else None
     return ("model.converters.float8", problem) if problem else None
 

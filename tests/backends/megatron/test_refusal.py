@@ -14,9 +14,10 @@ EXAMPLE = ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"
 @pytest.mark.parametrize("setting, line", [
     (["fp8=e4m3"], "primus: error: modules.pre_trainer.fp8: 'e4m3' cannot run on a CPU host (FP8 training runs in "
                  "Transformer Engine's layers on a GPU; megatron-core's local layers have no FP8)"),
-    (["context_parallel_size=2", "--nproc-per-node", "2"], "primus: error: modules.pre_trainer.context_parallel_size: 2 cannot run on a CPU "
-                                "host (context parallelism splits attention in Transformer Engine's "
-                                "TEDotProductAttention on a GPU; megatron-core's local attention refuses it)"),
+    (["context_parallel_size=2", "--nproc-per-node", "2"],
+     "primus: error: modules.pre_trainer.context_parallel_size: 2 cannot run on a CPU host (context parallelism "
+     "splits attention in Transformer Engine's TEDotProductAttention on a GPU; megatron-core's local attention "
+     "refuses it)"),
 ], ids=["fp8", "context_parallel"])
 def test_transformer_engine_settings_are_refused_on_cpu(run_primus, workspace, setting, line):
     import torch

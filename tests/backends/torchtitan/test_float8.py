@@ -131,7 +131,8 @@ def test_a_tiny_float8_run_follows_the_fp32_run(run_primus, workspace):
 
     small = ("training.local_batch_size=2", "training.seq_len=64")  # float8 on CPU casts every GEMM: keep it short
     runs = {}
-    for name, converters in (("fp32", "model.converters=null"), ("float8", "model.converters.float8.recipe_name=rowwise")):
+    for name, converters in (("fp32", "model.converters=null"),
+                             ("float8", "model.converters.float8.recipe_name=rowwise")):
         result = run_primus("train", EXAMPLE, f"exp_name={name}", converters, *small, timeout=1500)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         runs[name] = losses(run_dir_of(workspace, name))
