@@ -128,17 +128,18 @@ def prepare(extra: str, *, dry_run: bool = False, force: bool = False, quiet: bo
         if te_todo:
             commands.append((te.command(sys.executable, str(constraint), quiet=quiet), te.env))
         if dry_run:
-            pending = [f"{k} ({v})" for k, v in sorted(todo.items())] + \
-                [f"Transformer Engine ({te.build} build: {te.requirement})"] * te_todo
+            pending = [f"{k} ({v})" for k, v in sorted(todo.items())]
+            if te_todo:
+                pending.append(f"Transformer Engine ({te.build} build: {te.requirement})")
             out(f"# to install: {', '.join(pending) or 'nothing (forced)'}")
             out(f"# constraint file {constraint} (keeps the installed torch family):")
             for line in p.frozen or ["(no torch installed: nothing to freeze)"]:
                 out(f"#   {line}")
             for command, env in commands:
-                out(te.shell_line(command) if env else " ".join(command))
+                out(_shell_line(command, env))
             return 0
         for command, env in commands:
-            out("+ " + (te.shell_line(command) if env else " ".join(command)))
+            out("+ " + _shell_line(command, env))
             rc = subprocess.call(command, env={**os.environ, **env} if env else None)
             if rc:
                 return rc
@@ -148,6 +149,15 @@ def prepare(extra: str, *, dry_run: bool = False, force: bool = False, quiet: bo
         return 1
     out(f"primus prepare {extra}: done")
     return 0
+
+
+def _shell_line(command: list[str], env: dict[str, str]) -> str:
+    """A command as printed: its build environment in front, quoted where the shell needs it."""
+    if not env:
+        return " ".join(command)
+    import shlex
+
+    return shlex.join([f"{key}={value}" for key, value in env.items()] + command)
 
 
 def _te_install(extra: str):

@@ -44,12 +44,6 @@ class TEInstall:
         return [python, "-m", "pip", "install", "--disable-pip-version-check", *(["-qq"] if quiet else []),
                 "-c", constraint, *self.pip_args, self.requirement]
 
-    def shell_line(self, command: list[str]) -> str:
-        """The command as a shell line, its build environment in front (what --dry-run prints)."""
-        import shlex
-
-        return shlex.join([f"{key}={value}" for key, value in self.env.items()] + command)
-
     def done(self) -> bool:
         """Already installed: the pinned release (CUDA), or any build of AMD's fork (ROCm)."""
         have = installed_te()
