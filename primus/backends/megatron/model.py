@@ -281,18 +281,26 @@ def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
     ]
 
 
-def build_optimizer(args: MegatronArgs, chunks: list):
-    """megatron-core's optimizer, its OptimizerConfig filled by field name as Megatron-LM's setup does."""
+def optimizer_config(args: MegatronArgs):
+    """megatron-core's OptimizerConfig, filled by field name as Megatron-LM's setup does (``fp8_recipe``
+    too: the distributed optimizer shards FP8 parameters by recipe)."""
     import dataclasses
 
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import OptimizerConfig
 
     from primus.backends.megatron.support import IMPLEMENTED
 
     names = {f.name for f in dataclasses.fields(OptimizerConfig)}
     kw = {key: getattr(args, key) for key, where in IMPLEMENTED.items() if where == "OptimizerConfig" and key in names}
-    config = OptimizerConfig(**kw, bf16=args.bf16, fp16=args.fp16, params_dtype=params_dtype(args))
-    return get_megatron_optimizer(config, chunks)
+    return OptimizerConfig(**kw, bf16=args.bf16, fp16=args.fp16, params_dtype=params_dtype(args),
+                           fp8_recipe=args.fp8_recipe)
+
+
+def build_optimizer(args: MegatronArgs, chunks: list):
+    """megatron-core's optimizer for the model chunks."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    return get_megatron_optimizer(optimizer_config(args), chunks)
 
 
 def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):

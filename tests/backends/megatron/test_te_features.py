@@ -65,6 +65,8 @@ def test_what_primus_builds_for_a_gpu_with_transformer_engine(monkeypatch):
         == (True, 1, 1)
     assert (config.context_parallel_size, config.cp_comm_type) == (2, "p2p")
 
+    assert model.optimizer_config(args).fp8_recipe == "tensorwise"  # the distributed optimizer shards by recipe
+
     calls = []
     monkeypatch.setattr("megatron.core.models.gpt.gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec",
                         lambda **kw: calls.append(kw) or "te-spec")
