@@ -88,6 +88,8 @@ IMPLEMENTED: dict[str, str] = {
                      "tokenizer_type", "tokenizer_model"), "data"),
     **dict.fromkeys(("save", "load", "save_interval", "finetune", "no_load_optim", "no_load_rng", "no_save_optim",
                      "no_save_rng", "ckpt_format", "exit_on_missing_checkpoint"), "checkpoint"),
+    **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward", "use_megatron_fsdp",
+                     "data_parallel_sharding_strategy"), "fsdp"),
     # FP8 and context parallelism: admitted where the target has a GPU with Transformer Engine (te_features.py)
     **dict.fromkeys(TE_ARGS, TE_CONSUMER),
 }
@@ -100,7 +102,9 @@ SUPPORTED_VALUES: dict[str, tuple[set, str]] = {
     "position_embedding_type": ({"learned_absolute", "rope", "none"},
                                 "mrope and relative embeddings need other model code / Transformer Engine"),
     "moe_token_dispatcher_type": ({"allgather", "alltoall"}, "the flex dispatcher needs DeepEP on GPUs"),
-    "ckpt_format": ({"torch_dist"}, "checkpoints are megatron-core dist_checkpointing (torch_dist)"),
+    "ckpt_format": ({"torch_dist", "torch", "fsdp_dtensor"},
+                    "megatron-core dist_checkpointing (torch_dist), Megatron-LM's legacy per-rank files (torch) "
+                    "and Megatron-FSDP's DCP checkpoints (fsdp_dtensor) are wired here"),
     "dataloader_type": ({None, "single"}, "Megatron-LM's pretraining sampler order is what runs here"),
     "rope_type": ({None, "rope", "yarn"}, "megatron-core's RoPE and YaRN"),
 }
@@ -185,13 +189,13 @@ REFUSED: dict[str, str] = {
         "exp_avg_sq_dtype", "use_kitchen_attention", "kitchen_attention_backend", "te_rng_tracker",
     ), _TE_PRECISION),
     **dict.fromkeys((
-        "max_seqlen_per_dp_cp_rank", "hybrid_context_parallel", "use_megatron_fsdp", "use_torch_fsdp2",
-        "torch_fsdp2_reshard_after_forward",
-        "data_parallel_sharding_strategy", "outer_dp_sharding_strategy", "fsdp_double_buffer",
+        "max_seqlen_per_dp_cp_rank", "hybrid_context_parallel", "outer_dp_sharding_strategy", "fsdp_double_buffer",
         "enable_full_sharding_in_hsdp", "num_distributed_optimizer_instances",
-        "megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype", "megatron_fsdp_grad_comm_dtype",
         "fake_process_group", "dist_ckpt_optim_fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient",
     ), _LAYOUT),
+    **dict.fromkeys(("megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype",
+                     "megatron_fsdp_grad_comm_dtype"),
+                    "megatron-core 0.16's Megatron-FSDP takes no mixed-precision dtypes (a later Megatron-LM argument)"),
     **dict.fromkeys((
         "experimental_attention_variant", "softmax_type", "qk_l2_norm", "qk_clip", "qk_clip_alpha",
         "qk_clip_threshold", "attention_output_gate", "glu_linear_offset", "activation_func_clamp_value",
@@ -231,6 +235,12 @@ REFUSED: dict[str, str] = {
     ), "a checkpoint mode not wired here (save/load of torch_dist checkpoints is)"),
     **dict.fromkeys(("error_injection_rate", "error_injection_type", "result_rejected_tracker_filename"),
                     "fault injection / result replay would change the run"),
+}
+
+# Implemented arguments that need a GPU: on a CPU a non-default value is refused, for this reason.
+NEEDS_GPU: dict[str, str] = {
+    "use_megatron_fsdp": "Megatron-FSDP (megatron-core 0.16's megatron_fsdp) gathers parameters and reduce-scatters "
+                         "gradients on CUDA streams and places its buffers on a CUDA device: it needs a GPU",
 }
 
 # Kernel-only arguments the trainer honours where the kernel exists and always says what it chose
@@ -286,17 +296,21 @@ def _same(value: Any, default: Any) -> bool:
     return norm(value) == norm(default)
 
 
-def run_time_notes(args, given: set[str], module: str = "pre_trainer",
+def run_time_notes(args, given: set[str], module: str = "pre_trainer", *,
                    target: "Target | None" = None) -> list[tuple[str, Any, str]]:
     """Check the arguments the experiment set, at run time (never in ``config validate``/dry-run),
-    for ``target`` (default: this host).
+    for ``target`` (default: this host): it decides the ``NEEDS_GPU`` arguments and FP8 / context
+    parallelism (``te_features.py``).
 
     Returns one (key, value, reason) note per kernel-only argument set to a non-default value (and
     per FP8 / context-parallel setting that has no effect without them); raises ConfigError (exit 2,
     one line) for the first refused one.
     """
+    from primus.plan.target import host_target
+
     notes = []
     table = megatron_lm_table()
+    target = target or host_target()
     _admit_te_features(args, given, module, target)
     for dest in table:
         if dest not in given:
@@ -310,6 +324,8 @@ def run_time_notes(args, given: set[str], module: str = "pre_trainer",
                                   f"supported: {', '.join(repr(v) for v in sorted(values, key=str) if v is not None)}")
         if _same(value, table[dest].default):
             continue
+        if dest in NEEDS_GPU and not target.gpu:
+            raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be run on a CPU ({NEEDS_GPU[dest]})")
         if support.kind == REFUSED_KIND:
             raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be honoured here ({support.reason}); "
                               "ignoring it would change the run, so training stops "
@@ -320,11 +336,8 @@ def run_time_notes(args, given: set[str], module: str = "pre_trainer",
                                                                                               table[d].default)})
 
 
-def _admit_te_features(args, given: set[str], module: str, target: "Target | None") -> None:
+def _admit_te_features(args, given: set[str], module: str, target: "Target") -> None:
     """FP8 / context parallelism: refused, in one line, where ``target`` cannot run them (te_features.py)."""
-    from primus.plan.target import host_target
-
-    target = target or host_target()
     problem = te_features.refusal(args, given, target)
     if problem:
         dest, reason = problem

@@ -64,8 +64,10 @@ def refusal(args, given: set[str], target: Target) -> tuple[str, str] | None:
         reason = _recipe_refusal(args, target)
         if reason:
             return "fp8_recipe", reason
-        if args.fp8_param_gather and not args.use_distributed_optimizer:
-            return "fp8_param_gather", "needs use_distributed_optimizer (Megatron-LM's rule)"
+        if args.fp8_param_gather and not (args.use_distributed_optimizer or args.use_torch_fsdp2
+                                          or args.use_megatron_fsdp):
+            return "fp8_param_gather", ("needs use_distributed_optimizer, use_torch_fsdp2 or use_megatron_fsdp "
+                                        "(Megatron-LM's rule)")
     if uses_context_parallel(args) and "context_parallel_size" in given:
         reason = _te_layers_refusal(args, target, "context parallelism splits attention in Transformer "
                                                   "Engine's TEDotProductAttention on a GPU; megatron-core's "
