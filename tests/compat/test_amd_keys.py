@@ -261,7 +261,10 @@ def test_null_for_an_argument_megatron_lm_never_leaves_unset_keeps_its_default()
     (["quantize.linear.float8"], {"recipe_name": None, "emulate": True, "enable_fsdp_float8_all_gather": False},
      ("set", {"float8": {"recipe_name": "tensorwise", "emulate": True}})),
     (["quantize.linear.float8"], {"recipe_name": "rowwise", "filter_fqns": ["output"], "emulate": True},
-     ("set", {"float8": {"recipe_name": "rowwise", "filter_fqns": ["output"]}})),
+     ("set", {"float8": {"recipe_name": "rowwise", "filter_fqns": ["lm_head"]}})),  # 0.3.0's name for output
+    # AMD's FP8 examples: our -fp8 preset's converter, their quantize.linear.float8 settings applied to it
+    ({"float8": {"recipe_name": "tensorwise"}}, {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["output"]},
+     ("set", {"float8": {"recipe_name": "tensorwise", "filter_fqns": ["lm_head"]}})),
     (["primus_turbo"], {}, ("kernel", None)),
     (["quantize.linear.mx"], {}, ("refuse_at_run", None)),
     ({"float8": {"recipe_name": "rowwise"}}, {}, ("ours", {"float8": {"recipe_name": "rowwise"}})),
