@@ -424,9 +424,11 @@ def check_parallel_layout(args, world_size: int | None, *, module: str = "pre_tr
     if world_size is None:
         return None
     if world_size % (tp * pp * cp):
-        raise ConfigError(f"{m}: world size ({world_size}) is not divisible by tensor_model_parallel_size x "
-                          f"pipeline_model_parallel_size x context_parallel_size ({tp} x {pp} x {cp} = {tp * pp * cp})")
-    dp = world_size // (tp * pp * cp)
+        names, sizes = "tensor_model_parallel_size x pipeline_model_parallel_size", f"{tp} x {pp}"
+        if cp > 1:
+            names, sizes = names + " x context_parallel_size", sizes + f" x {cp}"
+        raise ConfigError(f"{m}: world size ({world_size}) is not divisible by {names} ({sizes} = {tp * pp * cp})")
+    dp = world_size // (tp * pp * cp)  # Megatron-LM's data_parallel_size: context-parallel ranks are not data-parallel
     if world_size % (etp * ep * pp):
         raise ConfigError(f"{m}: world size ({world_size}) is not divisible by expert_tensor_parallel_size x "
                           f"expert_model_parallel_size x pipeline_model_parallel_size ({etp} x {ep} x {pp})")

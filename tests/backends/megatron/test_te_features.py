@@ -157,8 +157,3 @@ def test_lora_with_fp8_is_refused_before_any_rank_starts():
         _refuse_lora_on_te_layers(module, args_of(fp8="hybrid"))
     _refuse_lora_on_te_layers(module, args_of())  # LoRA alone: fine
 
-
-def test_the_data_parallel_size_leaves_out_the_context_parallel_ranks():
-    from primus.backends.megatron.validate_args import check_parallel_layout
-
-    assert check_parallel_layout(args_of(context_parallel_size=2, tensor_model_parallel_size=2), 8) == 2
