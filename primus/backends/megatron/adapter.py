@@ -104,6 +104,7 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.support import run_time_notes
 
         run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
+        _refuse_lora_on_te_layers(plan.module, plan.engine_config)
         root = tiny_assets_dir(plan.module.params)
         if root is not None and is_post_training(plan.module.params):  # [#15 SFT/HF hook]
             _build_tiny_sft_assets(plan.module, log)
@@ -182,6 +183,16 @@ def _check_lora(module: ModuleConfig, args, provenance):
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")
     return lora
+
+
+def _refuse_lora_on_te_layers(module: ModuleConfig, args) -> None:
+    """LoRA wraps megatron-core's local linears; FP8 and context parallelism need Transformer Engine's layers."""
+    from primus.backends.megatron.lora import lora_of
+    from primus.backends.megatron.te_features import uses_context_parallel, uses_fp8
+
+    if (uses_fp8(args) or uses_context_parallel(args)) and lora_of(module.params, f"modules.{module.name}"):
+        raise ConfigError(f"modules.{module.name}.lora: LoRA wraps megatron-core's local linears, and FP8 / "
+                          "context parallelism need Transformer Engine's layers: drop one")
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:

@@ -12,6 +12,8 @@ as a note and said once at run time.
 """
 from __future__ import annotations
 
+import math
+
 from primus.config.errors import ConfigError
 from primus.plan.layout import parse_pipeline_layout
 
@@ -411,9 +413,16 @@ def check_parallel_layout(args, world_size: int | None, *, module: str = "pre_tr
     if args.num_experts is not None and args.moe_ffn_hidden_size and args.moe_ffn_hidden_size % etp:
         raise ConfigError(f"{m}: moe_ffn_hidden_size ({args.moe_ffn_hidden_size}) is not divisible by "
                           f"expert_tensor_parallel_size ({etp})")
+    cp = args.context_parallel_size
+    if cp > 1 and args.seq_length is not None and args.seq_length % (2 * cp):
+        raise ConfigError(f"{m}: seq_length ({args.seq_length}) is not a multiple of 2 x context_parallel_size "
+                          f"({2 * cp}): each context-parallel rank takes two chunks (Megatron-LM's rule)")
+    if cp > 1 and args.hierarchical_context_parallel_sizes and \
+            math.prod(args.hierarchical_context_parallel_sizes) != cp:
+        raise ConfigError(f"{m}: hierarchical_context_parallel_sizes {args.hierarchical_context_parallel_sizes} "
+                          f"does not multiply to context_parallel_size ({cp})")
     if world_size is None:
         return None
-    cp = args.context_parallel_size or 1
     if world_size % (tp * pp * cp):
         names, sizes = "tensor_model_parallel_size x pipeline_model_parallel_size", f"{tp} x {pp}"
         if cp > 1:
