@@ -4,7 +4,7 @@ In synchronous training every rank's *step* takes as long as the slowest rank's 
 for it inside a collective. What differs is where the time went (``primus.runtime.phases``): the
 slow rank spends it in a busy phase (data wait, forward+backward, optimizer, checkpoint), the
 others in exposed communication. So each rank's busy phases are compared with the median of the
-*other* ranks (with two ranks, the plain median would be the pair's mean), and a rank at least
+*other* ranks (rank 0's checkpoint time aside: it writes the save's metadata for everyone) (with two ranks, the plain median would be the pair's mean), and a rank at least
 ``threshold`` slower in one of them — by a margin worth naming, ``MIN_SHARE`` of a step — gets
 one WARNING line (``straggler: rank R (host) PHASE 1.43× median over steps A–B``) and an event in
 metrics.jsonl; every report also writes the per-rank figures (an event ``ranks``: the run's
@@ -27,6 +27,7 @@ from typing import Any
 from primus.runtime.phases import LABELS, PHASES, PhaseClock
 
 COMPARED = ("data", "compute", "optimizer", "checkpoint")  # busy phases: being slow there makes others wait
+COORDINATED = frozenset({"checkpoint"})  # rank 0 writes a save's metadata: slower by design, so not compared
 MIN_SHARE = 0.05  # an excess under 5% of the median step is noise, never named
 MAX_LINES = 8  # per report: a broken fleet is not a thousand warnings
 logger = logging.getLogger("primus.stragglers")
@@ -62,7 +63,11 @@ def find_stragglers(per_step: list[dict[str, float]], threshold: float) -> list[
     for rank, figures in enumerate(per_step):
         worst = None
         for phase in COMPARED:
-            median = statistics.median(other[phase] for index, other in enumerate(per_step) if index != rank)
+            skip = {rank, 0} if phase in COORDINATED else {rank}
+            others = [other[phase] for index, other in enumerate(per_step) if index not in skip]
+            if (phase in COORDINATED and rank == 0) or not others:
+                continue
+            median = statistics.median(others)
             if figures[phase] - median >= margin and figures[phase] >= (1 + threshold) * median:
                 ratio = figures[phase] / max(median, margin)  # the others near 0: against the margin
                 if worst is None or ratio > worst[2]:

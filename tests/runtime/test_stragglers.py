@@ -69,3 +69,9 @@ def test_the_first_step_is_left_out_and_one_rank_never_gathers():
     assert report.after_step(1) == [] and clock.window_steps == 0  # step 1 (warm-up) discarded
     clock.step_done(2, 1.0)
     assert report.after_step(2) == [] and report.first_step == 2  # one rank: nothing to compare
+
+
+def test_rank_zero_coordinating_a_save_is_not_a_straggler_but_a_slow_writer_is():
+    ranks = [figures(0.5, checkpoint=0.4), figures(0.5, checkpoint=0.1), figures(0.5, checkpoint=0.1),
+             figures(0.5, checkpoint=0.3)]
+    assert find_stragglers(ranks, threshold=0.2) == [(3, "checkpoint", pytest.approx(3.0))]
