@@ -74,13 +74,16 @@ def _stop_before(clock: PhaseClock, rank: int, step: int, name: str, original):
 
 
 @contextmanager
-def instrumented(clock: PhaseClock, rank: int) -> Iterator[None]:
-    """While training: communication waits are timed into ``clock``; a ``hang@`` fault is armed."""
+def instrumented(clock: PhaseClock, rank: int, time_waits: bool = True) -> Iterator[None]:
+    """While training: communication waits are timed into ``clock`` (``time_waits``: for the straggler
+    report); a ``hang@`` fault is armed."""
     import torch.distributed as dist
     from torch.distributed import _functional_collectives as funcol
 
-    patched: list[tuple[Any, str, Any]] = [(dist.distributed_c10d.Work, "wait", dist.distributed_c10d.Work.wait),
-                                          (funcol, "wait_tensor", funcol.wait_tensor)]
+    patched: list[tuple[Any, str, Any]] = []
+    if time_waits:
+        patched += [(dist.distributed_c10d.Work, "wait", dist.distributed_c10d.Work.wait),
+                    (funcol, "wait_tensor", funcol.wait_tensor)]
     replacements = [_timed(clock, original) for _, _, original in patched]
     hang_at = hang_step(rank)
     if hang_at is not None:

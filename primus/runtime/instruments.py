@@ -3,7 +3,7 @@
 - a ``PhaseClock`` (always: the goodput's checkpoint and evaluation seconds come from it);
 - the straggler report (``primus.stragglers``: every N steps, rank 0 compares the ranks);
 - the watchdog (``primus.hang``), with torch's flight recorder on before the process group exists;
-- the collective waits timed into the clock, for the length of the run.
+- the collective waits timed into the clock, for the length of the run (for the straggler report).
 
 ``RunContext`` hands the clock to the backends' step hooks and calls ``after_step`` for each step.
 """
@@ -66,7 +66,7 @@ class Instruments:
         if self.watchdog is not None:
             self.watchdog.start()
         try:
-            with instrumented(self.clock, self.rank):
+            with instrumented(self.clock, self.rank, time_waits=self.stragglers is not None):
                 yield
         finally:
             if self.watchdog is not None:

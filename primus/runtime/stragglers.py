@@ -56,9 +56,9 @@ def find_stragglers(per_step: list[dict[str, float]], threshold: float) -> list[
     """(rank, phase, ratio to the other ranks' median) for each rank slower than ``1 + threshold``
     times that median in a busy phase, its worst phase only; ``per_step`` holds each rank's mean
     seconds per step by phase (and ``step``). Slowest first."""
-    if len(per_step) < 2:
+    margin = MIN_SHARE * statistics.median(figures["step"] for figures in per_step) if per_step else 0.0
+    if len(per_step) < 2 or margin <= 0:  # one rank, or no step timed in the window
         return []
-    margin = MIN_SHARE * statistics.median(figures["step"] for figures in per_step)
     found = []
     for rank, figures in enumerate(per_step):
         worst = None

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.conftest import ROOT, assert_seed_train_lines
-from tests.helpers import read_metrics
+from tests.helpers import read_events, read_metrics
 
 pytestmark = [pytest.mark.e2e]
 AUTOMODEL = ROOT / "examples" / "nemo_automodel" / "wan2_2_tiny-cpu.yaml"
@@ -27,3 +27,5 @@ def test_tiny_wan_on_two_ranks(run_primus, workspace):
     assert {p.name for p in (run_dir / "logs" / "pre_trainer").iterdir()} == {"rank-0", "rank-1"}
     info = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
     assert "trains expert 'transformer'" in info and "sigma in [" in info
+    [goodput] = read_events(run_dir, "goodput")  # every run ends with its goodput
+    assert 0 < goodput["goodput"] < 1 and f"[primus] goodput: {100 * goodput['goodput']:.1f}% " in result.stdout

@@ -4,7 +4,7 @@ switches the engine. Both train the same tiny Llama through `primus train`."""
 import pytest
 
 from tests.conftest import write
-from tests.helpers import read_metrics
+from tests.helpers import read_events, read_metrics
 
 pytestmark = [pytest.mark.e2e]
 
@@ -36,3 +36,5 @@ def test_same_model_preset_on_both_engines(framework, run_primus, workspace, tmp
     assert len(rows) == 6 and rows[-1]["loss"] < rows[0]["loss"]
     assert all(r["tokens_per_sec"] > 0 and r["tflops"] > 0 for r in rows)
     assert "[TRAIN] step=6 " in result.stdout
+    [goodput] = read_events(workspace / "team" / "me" / framework, "goodput")  # every run ends with its goodput
+    assert 0 < goodput["goodput"] < 1 and f"[primus] goodput: {100 * goodput['goodput']:.1f}% " in result.stdout

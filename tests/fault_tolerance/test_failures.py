@@ -1,6 +1,7 @@
-"""Rank death, preemption, restarts, atomic checkpoints, concurrency, disk full (TorchTitan, CPU); the
-goodput of runs with injected faults: every attempt ends in a goodput line whose parts add up to the
-run's wall time, with the recomputed steps as lost work and the restart's time as restarts."""
+"""Rank death, preemption, restarts, atomic checkpoints, concurrency, disk full (TorchTitan, CPU).
+
+With injected faults, the parts of the goodput add up to the run's wall time, with the recomputed
+steps as lost work and the restart's time as restarts."""
 import json
 import os
 import shutil

@@ -32,6 +32,7 @@ def test_below_the_threshold_or_the_noise_margin_nobody_is_named():
     tiny = MIN_SHARE / 4
     assert find_stragglers([figures(0.5, data=tiny / 3), figures(0.5, data=tiny)], threshold=0.2) == []
     assert find_stragglers([figures(0.5)], threshold=0.2) == []
+    assert find_stragglers([figures(0.0, comm=0.0, step=0.0)] * 3, threshold=0.2) == []  # nothing timed
 
 
 def test_the_worst_phase_of_each_rank_slowest_first():
