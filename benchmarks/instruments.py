@@ -120,6 +120,66 @@ dist.destroy_process_group()
 """
 
 
+SYNTHETIC_SCRIPT = r"""
+import contextlib, json, statistics, sys, time
+import torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from primus.runtime.collectives import instrumented
+from primus.runtime.phases import PhaseClock
+from primus.runtime.stragglers import StragglerReport
+dist.init_process_group("gloo")
+rank, rounds = dist.get_rank(), int(sys.argv[1])
+weights, grads = torch.randn(384, 384), [torch.ones(4096) for _ in range(40)]
+clock = PhaseClock()
+report = StragglerReport(clock, rank=rank, world_size=2, device="cpu", interval=10, threshold=0.2)
+none = contextlib.nullcontext()
+plain_wait = c10d.Work.wait
+with instrumented(clock, rank):  # as in a run: installed once; "off" steps get torch's own wait back
+    timed_wait = c10d.Work.wait
+def step(timed):
+    with clock.phase("data") if timed else none:
+        pass
+    with clock.phase("compute") if timed else none:
+        for _ in range(6):
+            weights @ weights
+        for grad in grads:  # 40 collectives
+            dist.all_reduce(grad)
+    with clock.phase("optimizer") if timed else none:
+        weights.mul_(1.0)
+modes = ["on", "off", "control"]  # control: "off" again, the A/A comparison that shows the noise floor
+times, number = {mode: [] for mode in modes}, 0
+for turn in range(rounds):  # the three alternate step by step, in rotating order: load drift cancels
+    for mode in modes[turn % 3:] + modes[:turn % 3]:
+        c10d.Work.wait = timed_wait if mode == "on" else plain_wait
+        dist.barrier()
+        start = time.perf_counter()
+        step(mode == "on")
+        if mode == "on":
+            number += 1
+            clock.step_done(number, time.perf_counter() - start)
+            report.after_step(number)
+        times[mode].append(time.perf_counter() - start)
+c10d.Work.wait = plain_wait
+if rank == 0:
+    off = statistics.median(times["off"])
+    share = lambda mode: statistics.median(a - b for a, b in zip(times[mode], times["off"])) / off
+    print(json.dumps({"steps_each": rounds, "step_on_s": statistics.median(times["on"]), "step_off_s": off,
+                      "ratio": statistics.median(times["on"]) / off, "paired_share": share("on"),
+                      "control_paired_share": share("control")}))
+dist.destroy_process_group()
+"""
+
+
+def synthetic(pairs: int) -> dict[str, Any]:
+    """Two gloo ranks in one pair of processes, a fixed step (6 GEMMs of 384x384, 40 all-reduces of 16 kB),
+    the instruments on and off step by step, and an identical "control" beside them: the on/off difference
+    next to the control/off one, which is the machine's noise floor."""
+    script = Path(tempfile.mkdtemp(prefix="primus-bench-synthetic-")) / "synthetic.py"
+    script.write_text(SYNTHETIC_SCRIPT)
+    return _json_of([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+                     str(pairs)], {"TORCH_FR_BUFFER_SIZE": "2000"})
+
+
 def _json_of(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})})
@@ -154,7 +214,9 @@ def micro(n: int) -> dict[str, Any]:
 
 def run(quick: bool) -> dict[str, Any]:
     reps, steps, skip = (2, 25, 5) if quick else (4, 40, 5)
-    results: dict[str, Any] = {"micro": micro(200 if quick else 1000)}
+    results: dict[str, Any] = {"micro": micro(200 if quick else 1000), "synthetic": synthetic(150 if quick else 500)}
+    share = results["synthetic"].get("paired_share")
+    results["synthetic"]["target_met"] = share is not None and share <= 0.01
     for backend in CASES:
         results[backend] = side_by_side(backend, reps, steps, skip)
         step_s = results[backend]["step_time_off_s"]["median"]
@@ -168,7 +230,11 @@ def run(quick: bool) -> dict[str, Any]:
 
 def markdown(results: dict[str, Any]) -> str:
     m = results.get("micro", {})
-    lines = [f"Per step, measured directly: phase marks {fmt(m.get('phase_marks_per_step_us'), '.1f')} µs, "
+    syn = results.get("synthetic", {})
+    lines = [f"Synthetic 2-rank step (6 GEMMs, 40 all-reduces), on and off step by step: median ratio "
+             f"{fmt(syn.get('ratio'), '.4f')}, median paired difference {fmt(syn.get('paired_share'), '.3%')} of a "
+             f"step (identical sides: {fmt(syn.get('control_paired_share'), '.3%')}, the noise floor). Per step, "
+             f"measured directly: phase marks {fmt(m.get('phase_marks_per_step_us'), '.1f')} µs, "
              f"Work.wait wrapper {fmt(m.get('wait_wrapper_per_collective_us'), '.2f')} µs and flight recorder "
              f"{fmt(m.get('flight_recorder_per_collective_us'), '.2f')} µs per collective, report all-gather "
              f"{fmt(m.get('report_gather_us'), '.0f')} µs every {INTERVAL} steps: "

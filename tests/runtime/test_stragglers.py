@@ -76,3 +76,23 @@ def test_rank_zero_coordinating_a_save_is_not_a_straggler_but_a_slow_writer_is()
     ranks = [figures(0.5, checkpoint=0.4), figures(0.5, checkpoint=0.1), figures(0.5, checkpoint=0.1),
              figures(0.5, checkpoint=0.3)]
     assert find_stragglers(ranks, threshold=0.2) == [(3, "checkpoint", pytest.approx(3.0))]
+
+
+@pytest.mark.parametrize("block,message", [
+    ({"stragglers": {"threshold": 0}}, "primus.stragglers.threshold=0: Input should be greater than 0"),
+    ({"stragglers": {"interval": 0}}, "primus.stragglers.interval=0: Input should be greater than or equal to 1"),
+    ({"hang": {"deadline_s": float("inf")}}, "primus.hang.deadline_s=inf"),
+    ({"hang": {"factor": 0.5}}, "primus.hang.factor=0.5: Input should be greater than or equal to 1"),
+    ({"hang": {"deadlin_s": 5}}, "unknown key 'primus.hang.deadlin_s' (did you mean 'deadline_s'?)"),
+])
+def test_the_options_have_ranges(block, message):
+    from primus.config.errors import ConfigError
+    from primus.config.provenance import Provenance
+    from primus.config.schema import PrimusOptions, validate_model
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        validate_model(PrimusOptions, block, Provenance(), "primus")
+    defaults = PrimusOptions()
+    assert (defaults.stragglers.interval, defaults.stragglers.threshold) == (100, 0.2)
+    assert (defaults.hang.deadline_s, defaults.hang.factor, defaults.hang.floor_s, defaults.hang.action) == \
+        (None, 5.0, 60.0, "exit")

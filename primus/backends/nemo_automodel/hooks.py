@@ -11,7 +11,7 @@
 step_time runs from the step's first forward to the end of its optimizer update, so it
 excludes checkpoint saves and validation between steps. The same hooks mark the step's phases
 (``primus.runtime.phases``): forward+backward from the first micro-batch to the optimizer's
-pre-step hook, then the optimizer.
+pre-step hook, then the optimizer; saves and validation between steps.
 """
 from __future__ import annotations
 
@@ -31,6 +31,22 @@ def _batch_size(batch: dict[str, Any]) -> int:
         if value is not None and getattr(value, "ndim", 0) > 0:
             return int(value.shape[0])
     return 0
+
+
+def time_saves_and_validation(recipe: Any, clock: PhaseClock) -> Callable[[], None]:
+    """The recipe's ``save_checkpoint`` and ``_run_validation_epoch`` (both AutoModel recipes call them
+    on ``self`` between steps) timed as the checkpoint and evaluation phases, on this recipe only;
+    returns the undo."""
+    names = {"save_checkpoint": "checkpoint", "_run_validation_epoch": "eval"}
+    for name, phase in names.items():
+        method, timing = getattr(recipe, name), clock.phase(phase)
+
+        def timed(*args: Any, _method: Any = method, _timing: Any = timing, **kwargs: Any) -> Any:
+            with _timing:
+                return _method(*args, **kwargs)
+
+        setattr(recipe, name, timed)
+    return lambda: [recipe.__dict__.pop(name, None) for name in names]
 
 
 class StepTap:
@@ -53,6 +69,7 @@ class StepTap:
         self._untap = tap_flow_matching_step(recipe.flow_matching_pipeline, self._on_micro_batch)
         self._handles = [recipe.optimizer[-1].register_step_pre_hook(self._before_optimizer_step),
                          recipe.optimizer[-1].register_step_post_hook(self._after_optimizer_step)]
+        self._untime = time_saves_and_validation(recipe, self.clock)
 
     def _on_micro_batch(self, loss: Any, batch: dict[str, Any]) -> None:
         if self._start is None:
@@ -100,3 +117,4 @@ class StepTap:
         for handle in self._handles:
             handle.remove()
         self._untap()
+        self._untime()

@@ -86,6 +86,8 @@ def test_two_ranks_fsdp2_over_gloo_and_the_step_hooks_time_each_rank(tiny_params
     assert ranks["steps"] == [2, 3] and all(c > 0 for c in ranks["compute"]) and all(o > 0 for o in ranks["optimizer"])
     assert ranks["compute"][1] > 1.5 * ranks["compute"][0]
     assert [(s["rank"], s["phase"]) for s in read_events(tmp_path / "run", "straggler")] == [(1, "compute")]
+    [worker] = read_events(tmp_path / "run", "worker")  # rank 0's save at step 3, timed for the goodput
+    assert worker["checkpoint_s"] > 0
 
 
 @pytest.mark.parametrize("caption_format", ["meta_json", "csv", "txt"])
