@@ -84,7 +84,8 @@ def _train_summary(workspace: Path, exp_name: str) -> dict[str, Any]:
     files = sorted(workspace.rglob(f"{exp_name}/metrics.jsonl"))
     if not files:
         return {}
-    rows = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
+    rows = [row for row in map(json.loads, filter(str.strip, files[-1].read_text().splitlines()))
+            if "event" not in row]  # step rows only
     steady = rows[2:] or rows
     if not steady:
         return {"steps": 0}

@@ -23,7 +23,18 @@ def run_dir_of(workspace: Path, exp_name: str, work_group: str = "amd", user_nam
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The metrics.jsonl records of a run, oldest first ([] when none was written)."""
+    """The step records of a run's metrics.jsonl, oldest first ([] when none was written)."""
+    from primus.runtime.metrics import is_step_row
+
+    return [row for row in _rows(run_dir) if is_step_row(row)]
+
+
+def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The event records of a run's metrics.jsonl (``{"event": kind, ...}``), of one ``kind`` if given."""
+    return [row for row in _rows(run_dir) if "event" in row and kind in (None, row["event"])]
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
     from primus.runtime.rundir import RunDir
 
     path = RunDir(run_dir).metrics

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from enum import IntEnum
@@ -248,7 +249,8 @@ class RunDir:
         if attempts and attempts[-1].get("status") == "running":
             attempts[-1].update({"status": INTERRUPTED, "note": "its launcher ended without recording an end "
                                  "(killed?)"})
-        attempt = {"start_time": _now(), "command": argv, "world_size": world_size, "status": "running"}
+        attempt = {"start_time": _now(), "wall_start": _process_start(), "command": argv, "world_size": world_size,
+                   "status": "running"}
         manifest.update({
             "primus": primus.__version__, "python": platform.python_version(), "torch": _version("torch"),
             "engine": engine, "engine_version": engine_version, "git_sha": _git_sha(),
@@ -264,7 +266,8 @@ class RunDir:
         """Called by rank 0 of a worker group that torchelastic restarted."""
         manifest = self.read_manifest()
         if manifest.get("attempts"):
-            manifest["attempts"][-1].setdefault("restarts", []).append({"restart": restart, "time": _now()})
+            manifest["attempts"][-1].setdefault("restarts", []).append({"restart": restart, "time": _now(),
+                                                                        "time_unix": time.time()})
             self._write_manifest(manifest)
 
     def finish_attempt(self, exit_code: int, status: str | None = None, note: str | None = None) -> None:
@@ -276,8 +279,42 @@ class RunDir:
         status = status or ExitCode.status_of(exit_code)
         end = {"end_time": _now(), "exit_code": int(exit_code), "status": status}
         manifest.update(end)
-        attempts[self.attempt].update(end, **({"note": note} if note else {}))
+        attempts[self.attempt].update(end, wall_end=time.time(), **({"note": note} if note else {}))
         self._write_manifest(manifest)
+
+    def record_goodput(self) -> dict[str, Any]:
+        """The run's goodput over every attempt so far (``primus.runtime.goodput``): kept in the
+        manifest and as an event in metrics.jsonl."""
+        from primus.runtime.goodput import account
+
+        manifest = self.read_manifest()
+        summary = account(manifest.get("attempts") or [], self.read_metrics(), time.time())
+        manifest["goodput"] = {k: v for k, v in summary.items() if k != "event"}
+        self._write_manifest(manifest)
+        if self.metrics.exists():  # a run refused before its first step keeps no metrics file
+            self.append_event(summary)
+        return summary
+
+    # --- metrics.jsonl ---------------------------------------------------------------------
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every row of metrics.jsonl: steps, and events (``{"event": ...}``); a torn last line is skipped."""
+        try:
+            lines = self.metrics.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return []
+        rows = []
+        for text in lines:
+            try:
+                rows.append(json.loads(text))
+            except ValueError:
+                continue
+        return rows
+
+    def append_event(self, event: dict[str, Any]) -> None:
+        """One event row (``{"event": kind, ...}``) at the end of metrics.jsonl, in one write: the
+        launcher and rank 0 may both append."""
+        with self.metrics.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(event) + "\n")
 
     # --- markers ---------------------------------------------------------------------------
     def mark_preempted(self, step: int, checkpointed: bool) -> None:
@@ -329,6 +366,16 @@ def reopen_if_deleted(handle, path: Path, on_reopen) -> Any:
     handle.close()
     on_reopen(path)
     return path.open("a", encoding="utf-8")
+
+
+def _process_start() -> float:
+    """When this process (the launcher) started: its start-up counts in the run's wall time."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:
+        return time.time()
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from primus.config.errors import ConfigError
 from primus.plan.target import Target, host_target
 from primus.runtime.context import NonFiniteLoss
 from primus.runtime.metrics import StepReport
+from primus.runtime.phases import timed_iterator
 
 # megatron-core's DDP grad check (check_for_nan_in_grad) fails with these words in a RuntimeError.
 _NON_FINITE_GRAD = ("found NaN in local grad norm", "found Inf in local grad norm")
@@ -262,9 +263,9 @@ class MegatronTrainer:
             config.param_sync_func = sync[0] if len(sync) == 1 else sync
 
     def _batches(self, dataset, consumed: int):
-        return iter(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
-                                  micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.dp,
-                                  device=self.device))
+        return timed_iterator(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
+                                            micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank,
+                                            dp_size=self.dp, device=self.device), self.ctx.phase("data"))
 
     def _data_iterator(self, dataset, consumed: int):
         # Interleaved schedules take one iterator per model chunk; each chunk sees the same batches.
@@ -297,18 +298,24 @@ class MegatronTrainer:
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
         try:
-            losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+            with self.ctx.phase("compute"):
+                losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
         except RuntimeError as exc:  # megatron-core DDP's check_for_nan_in_grad, before any update
             if any(words in str(exc) for words in _NON_FINITE_GRAD):
                 raise NonFiniteLoss(self.iteration + 1, float("nan")) from None
             raise
-        update_ok, grad_norm, _ = self.optimizer.step()
-        if update_ok:
-            self.scheduler.step(increment=self.gbs)
+        with self.ctx.phase("optimizer"):
+            update_ok, grad_norm, _ = self.optimizer.step()
+            if update_ok:
+                self.scheduler.step(increment=self.gbs)
         extra = aux_loss_metrics(self.config, self.num_microbatches)
         return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr, extra
 
     def evaluate(self) -> float:
+        with self.ctx.phase("eval"):
+            return self._evaluate()
+
+    def _evaluate(self) -> float:
         import torch
 
         for chunk in self.model:
@@ -322,8 +329,9 @@ class MegatronTrainer:
         return _global_loss(losses, self.device)
 
     def save(self) -> None:
-        path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
-                                    iteration=self.iteration, consumed_samples=self.consumed)
+        with self.ctx.phase("checkpoint"):
+            path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
+                                        iteration=self.iteration, consumed_samples=self.consumed)
         self.ctx.logger.info("saved checkpoint %s", path)
 
     def train(self) -> None:
