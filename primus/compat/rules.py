@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from primus.config.secrets import shown_value
+
 # The values AMD Primus uses for "feature off".
 OFF: tuple[Any, ...] = (False, None, 0, "", [], {})
 
@@ -40,6 +42,12 @@ class Translation:
     kind: str = "rename"  # rename | inert | kernel | refuse_at_run | stage
     where: str = ""  # file:line of the AMD key
     target_value: Any = None
+
+    def __post_init__(self) -> None:
+        """A secret's value (``HF_TOKEN: hf_…`` among a module's keys) is never kept: this record
+        is printed, logged and saved with the run."""
+        object.__setattr__(self, "value", shown_value(self.source, self.value))
+        object.__setattr__(self, "target_value", shown_value(self.target or self.source, self.target_value))
 
     def line(self) -> str:
         if self.kind in ("rename", "stage"):
