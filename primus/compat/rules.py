@@ -89,6 +89,21 @@ class Rule:
         return value in self.off  # == comparison: AMD files write false and 0 alike
 
 
+def switch(value: Any) -> bool:
+    """An AMD on/off key's value: YAML's true/false, or the 0/1 its argparse-era files write;
+    anything else (``maybe``, a mapping) is a ``ValueError`` the rule turns into one line."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{_show(value)!s} is not true or false")
+
+
+def negated(value: Any) -> bool:
+    """``disable_X: true`` -> ``X: false``, for a valid on/off value only."""
+    return not switch(value)
+
+
 def rename(key: str, target: str, why: str, *, convert: Callable[[Any], Any] | None = None,
            experiment: bool = False) -> Rule:
     return Rule(key, "rename", why, target=target, convert=convert, experiment=experiment)
