@@ -187,16 +187,18 @@ def check_post_training_inputs(plan, *, provenance=None) -> None:
     from primus.compat.hub import is_hub_id
 
     if post.sft is not None:
-        from primus.data.sft import jsonl_files
+        from primus.data.sft import jsonl_files, record_files
 
         for key, path in (("sft_dataset_name", post.sft.path), ("sft_valid_dataset_name", post.sft.valid_path)):
             if path is None or is_hub_id(path):  # a Hub dataset: fetched when the run starts
                 continue
+            where = f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
+            if not Path(path).expanduser().exists():
+                raise ConfigError(f"{where}{prefix}.{key}: {path} does not exist (a .jsonl file or a folder of them)")
             try:
-                jsonl_files(path)
-            except ConfigError:
-                where = f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
-                raise ConfigError(f"{where}{prefix}.{key}: {path} does not exist (a .jsonl file or a folder of them)") from None
+                jsonl_files(path) if key == "sft_dataset_name" else record_files(path)
+            except ConfigError as exc:  # a folder without training records: say what it holds
+                raise ConfigError(f"{where}{prefix}.{key}: {exc}") from None
     if post.hf_path is None or isinstance(post.hf_path, str):  # a Hub id: checked once fetched, before training
         return
     from primus.hf.checkpoint import HFCheckpoint, check_against_spec
