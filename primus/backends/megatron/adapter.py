@@ -171,7 +171,7 @@ class MegatronAdapter(BackendAdapter):
 def _check_lora(module: ModuleConfig, args, provenance):
     """The ``lora`` block's keys, and what LoRA needs: no sequence parallelism. Any stage, with or without
     ``hf_path`` (AMD's 4-layer LoRA benchmarks adapt a randomly initialised base: the plan says so)."""
-    from primus.backends.megatron.lora import lora_of
+    from primus.backends.megatron.lora import check_rank, lora_of
 
     prefix = f"modules.{module.name}"
     lora = lora_of(module.params, prefix, provenance)
@@ -181,6 +181,7 @@ def _check_lora(module: ModuleConfig, args, provenance):
     if args.sequence_parallel:
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")
+    check_rank(lora, args, prefix, where.removesuffix(": "))
     return lora
 
 
