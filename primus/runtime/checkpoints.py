@@ -35,15 +35,33 @@ class UnusableCheckpoint(ConfigError):
 
 def _unfinished(path: Path) -> str | None:
     metadata = path / ".metadata"
-    return None if metadata.is_file() else f"{metadata} is missing (the save did not finish)"
+    return None if metadata.exists() else f"{metadata} is missing (the save did not finish)"
 
 
-def problem_of(path: Path) -> str | None:
-    """None when the checkpoint directory is whole; else what is wrong, naming the bad file."""
+def _foreign(path: Path, layout: str | None) -> str | None:
+    """Another engine's checkpoint under this engine's name (a TorchTitan ``step-N`` holding a
+    Megatron save, or the reverse): whole, but not this engine's."""
+    megatron_files = (path / "metadata.json").exists() or (path / "common.pt").exists()
+    if layout == "torchtitan" and megatron_files:
+        return f"{path} holds a Megatron checkpoint (metadata.json, common.pt), not TorchTitan's"
+    if layout == "megatron" and not megatron_files:
+        return f"{path / 'metadata.json'} is missing: not a whole Megatron torch_dist checkpoint"
+    return None
+
+
+def problem_of(path: Path, layout: str | None = None) -> str | None:
+    """None when the checkpoint directory is whole (and, given ``layout``, that engine's);
+    else what is wrong, naming the bad file."""
     metadata = path / ".metadata"
     unfinished = _unfinished(path)
     if unfinished:
         return unfinished
+    layout = layout or next((name for name, pattern in LAYOUTS.items() if pattern.match(path.name)), None)
+    if not metadata.is_file():
+        return f"{metadata} is not a file"
+    foreign = _foreign(path, layout)
+    if foreign:
+        return foreign
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
@@ -78,9 +96,13 @@ def problem_of(path: Path) -> str | None:
 
 
 def checkpoints_in(root: Path, layout: str | None = None) -> list[tuple[int, Path]]:
-    """(step, directory) of every checkpoint directory under ``root``, newest first."""
+    """(step, directory) of every checkpoint directory under ``root``, newest first. ``root``
+    present but not a folder is refused (the engine could neither read nor save there)."""
     patterns = [LAYOUTS[layout]] if layout else list(LAYOUTS.values())
     found = []
+    if Path(root).exists() and not Path(root).is_dir():
+        raise UnusableCheckpoint(f"{root} is not a folder: move it away (checkpoints are saved in a folder of "
+                                 "that name)")
     if Path(root).is_dir():
         for child in Path(root).iterdir():
             for pattern in patterns:
@@ -110,7 +132,7 @@ def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None 
     skipped: list[str] = []  # problems of the newer checkpoints, newest first
     damaged: list[tuple[Path, str]] = []  # those that finished saving and are broken since
     for step, path in candidates:
-        problem = problem_of(path)
+        problem = problem_of(path, layout)
         if problem is None:
             for line in skipped:
                 warn(f"checkpoint not usable, skipped: {line}; resuming from {path} instead (nothing was deleted)")
@@ -128,3 +150,31 @@ def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None 
     for line in skipped:
         warn(f"checkpoint not usable, skipped: {line}; starting from scratch (nothing was deleted)")
     return None
+
+
+def pick_checkpoint(root: Path, layout: str, step: int | None = None, *,
+                    warn: Callable[[str], None] | None = None) -> tuple[int, Path]:
+    """The checkpoint to read (``primus export``): ``step``, which must be whole, or else the newest
+    whole one, each newer damaged one named in a warning. Nothing is moved or deleted."""
+    warn = warn or logger.warning
+    found = checkpoints_in(root, layout)
+    if not found:
+        raise ConfigError(f"{root}: no checkpoint in this run (was checkpointing on?)")
+    if step is not None:
+        path = dict(found).get(step)
+        if path is None:
+            raise ConfigError(f"--step {step}: no checkpoint of that step under {root} (steps: "
+                              f"{', '.join(str(s) for s, _ in reversed(found))})")
+        problem = problem_of(path, layout)
+        if problem:
+            raise UnusableCheckpoint(f"--step {step}: {problem}")
+        return step, path
+    skipped: list[str] = []
+    for newest, path in found:
+        problem = problem_of(path, layout)
+        if problem is None:
+            for line in skipped:
+                warn(f"checkpoint not usable, skipped: {line}; using {path} (step {newest}) instead")
+            return newest, path
+        skipped.append(problem)
+    raise UnusableCheckpoint(f"{root}: no usable checkpoint; the newest: {skipped[0]}")

@@ -113,4 +113,4 @@ def test_through_the_real_entry_point(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     line = _one_error_line(result.stderr)
-    assert line == "primus: error: export: argument --step: invalid int value: 'abc' (see primus export --help)"
+    assert line == "primus: error: export: argument --step: expected a whole number ≥ 0 (got 'abc') (see primus export --help)"
