@@ -113,7 +113,11 @@ def strip_post_training(params: dict[str, Any], derived: list | None = None, *, 
         from primus.hf.config import model_spec_from_hf, read_config
 
         hf_dir = Path(keys.hf_path).expanduser()
-        if params.get("model") is None and not any(params.get(k) for k in _SHAPE_KEYS):
+        if network_from_hub(params, keys.hf_path):
+            params.update(provisional_network(params))
+            note(("model", "read when the run starts", f"from {keys.hf_path}'s config.json on the Hugging Face Hub "
+                  "(validate, plan and --dry-run check the layout, not the network)"))
+        elif params.get("model") is None and not any(params.get(k) for k in _SHAPE_KEYS):
             if not (hf_dir / "config.json").is_file() and tiny_root is not None \
                     and hf_dir.absolute().is_relative_to(tiny_root):
                 from primus.hf.tiny import ensure_tiny_sft_assets
@@ -133,6 +137,29 @@ def strip_post_training(params: dict[str, Any], derived: list | None = None, *, 
         params["mock_data"] = True  # nothing reads it: the SFT datasets replace build_datasets
         note(("pretraining data", "none", "stage sft reads sft_dataset_name"))
     return params
+
+
+def network_from_hub(params: dict[str, Any], hf_path: str | None = None) -> bool:
+    """True when the network is known only from a Hub model's config.json, fetched when the run starts
+    (``hf_path`` a Hub id, no ``model:`` preset nor shape keys): nothing before the run can describe it."""
+    from primus.compat.hub import is_hub_id
+
+    hf_path = params.get("hf_path") if hf_path is None else hf_path
+    return is_hub_id(hf_path) and params.get("model") is None and not any(params.get(k) for k in _SHAPE_KEYS)
+
+
+def provisional_network(params: dict[str, Any]) -> dict[str, Any]:
+    """Shape arguments that only let Megatron-LM's argument checks run before the network is known:
+    every split the layout asks for divides them (heads and groups by TP, layers by PP and virtual
+    stages), so what is checked is the layout itself. The plan shows no model for them (no estimate);
+    the run re-plans with the real config.json, fetched first."""
+    tp = int(params.get("tensor_model_parallel_size") or 1)
+    pp = int(params.get("pipeline_model_parallel_size") or 1)
+    vpp = int(params.get("num_virtual_stages_per_pipeline_rank") or params.get("virtual_pipeline_model_parallel_size")
+              or 1)
+    heads = 8 * tp
+    return {"num_layers": pp * vpp, "hidden_size": 64 * heads, "num_attention_heads": heads,
+            "num_query_groups": tp, "group_query_attention": True, "ffn_hidden_size": 256 * heads, "vocab_size": 32000}
 
 
 def post_training(params: dict[str, Any], stage: str, *, prefix: str = "modules.pre_trainer",

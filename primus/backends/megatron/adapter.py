@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
 from primus.hf.megatron_start import (check_post_training_inputs, hf_checkpoint_spec, is_post_training,
-                                     post_training, strip_post_training)
+                                     network_from_hub, post_training, strip_post_training)
 from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 
@@ -86,6 +86,8 @@ class MegatronAdapter(BackendAdapter):
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
         model, layout = describe(args, module.params.get("model"), world_size)
+        if network_from_hub(module.params):  # provisional shapes only: no model to estimate until the run starts
+            model = None
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
         checkpoint = hf_checkpoint_spec(module.params, save) or CheckpointSpec(save, load=args.load)  # [#15]
         plan = EnginePlan(module, world_size, args, checkpoint, model, layout,
