@@ -107,7 +107,7 @@ def test_a_hub_model_without_a_model_preset_validates_and_is_fetched_when_the_ru
         result = run_primus("train", experiment, env=env, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     info = (run_dir_of(workspace, "sft-hub-nomodel") / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
-    assert f"Hugging Face Hub '{MODEL}', fetched once" in info and "llama 2x128" in info, info[-3000:]
+    assert f"Hugging Face Hub '{MODEL}', fetched once" in info and "derived model=llama3 2x128 (from " in info
     assert len(losses(run_dir_of(workspace, "sft-hub-nomodel"))) == 3
 
 
