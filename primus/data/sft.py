@@ -251,7 +251,9 @@ def _prompt_response(record: dict[str, Any], where: str) -> tuple[str, str, str 
     if "prompt" in record:
         prompt = record["prompt"]
     elif "instruction" in record:  # Alpaca: the optional `input` is context for the instruction
-        prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
+        prompt = record["instruction"]
+        if isinstance(prompt, str) and record.get("input"):
+            prompt += f"\n\n{record['input']}"
     elif "question" in record:  # SQuAD-style QA: the context comes first
         context, prompt, response = _squad(record)
         prompt = f"{context}\n\n{prompt}" if isinstance(context, str) and isinstance(prompt, str) else prompt
