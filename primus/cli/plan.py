@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("exp", help="experiment YAML")
     plan.add_argument("--device", type=non_empty_flag, help="device to fit: " + ", ".join(_device_names()))
     plan.add_argument("--nproc-per-node", type=count_flag(1), help="processes per node (env GPUS_PER_NODE, default 1)")
-    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1), help="nodes (env NNODES, default 1)")
+    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1),
+                      help="nodes (env NNODES, default 1)")
     plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
     plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     plan.add_argument("--json", action="store_true", help="print the estimate as JSON")

@@ -19,8 +19,10 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     choice.add_argument("--srun", dest="executor", action="store_const", const="srun",
                         help="run as a job step inside an existing Slurm allocation")
     group.add_argument("--launcher-config", metavar="FILE", help="project launcher file (default ./.primus.yaml)")
-    group.add_argument("--nproc-per-node", type=count_flag(1), help="processes on this node (env GPUS_PER_NODE, default 1)")
-    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1), help="nodes in the job (env NNODES)")
+    group.add_argument("--nproc-per-node", type=count_flag(1),
+                       help="processes on this node (env GPUS_PER_NODE, default 1)")
+    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1),
+                       help="nodes in the job (env NNODES)")
     group.add_argument("--node-rank", type=count_flag(0), help="this node's rank (env NODE_RANK, default 0)")
     group.add_argument("--master-addr", type=non_empty_flag, help="rendezvous host = node 0 (env MASTER_ADDR)")
     group.add_argument("--master-port", type=count_flag(1, 65535), help="rendezvous port (env MASTER_PORT)")
@@ -44,7 +46,8 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
                                 "checkpoint")
         group.add_argument("--no-shared-fs", dest="shared_fs", action="store_const", const=False,
                            help="nodes > 0 write their own copy of the run dir instead of waiting for node 0's")
-        group.add_argument("--run-dir-timeout", type=count_flag(1), help="seconds a node > 0 waits for node 0's run dir")
+        group.add_argument("--run-dir-timeout", type=count_flag(1),
+                           help="seconds a node > 0 waits for node 0's run dir")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

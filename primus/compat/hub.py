@@ -177,7 +177,8 @@ def _download(repo_id: str, kind: str, key: str, timeouts: HubTimeouts) -> Path:
 
         stalled = next((e for e in _chain(exc) if isinstance(e, (HubStalled, httpx.TimeoutException))), None)
         if stalled is not None or time.monotonic() >= bounded.deadline:
-            what = stalled if isinstance(stalled, HubStalled) else f"no answer from {os.environ.get('HF_ENDPOINT') or 'the Hub'}"
+            endpoint = os.environ.get("HF_ENDPOINT") or "the Hub"
+            what = stalled if isinstance(stalled, HubStalled) else f"no answer from {endpoint}"
             reason = (f"{what} (timeouts: connect {timeouts.connect:g} s, read {timeouts.read:g} s, no answer "
                       f"{timeouts.stall:g} s; primus.hub.{{connect,read,stall}}_timeout_s)")
         else:

@@ -24,7 +24,8 @@ COMMANDS = {
                                 ["data", "build-indexed", "c.jsonl"]),
     ("data", "wan-preprocess"): (["data", "wan-preprocess", "v", "--pipeline", "p", "--output", "o"],
                                  ["data", "wan-preprocess", "v", "--pipeline", "p"]),
-    ("data", "wan-tiny"): (["data", "wan-tiny", "--output", "o"], ["data", "wan-tiny", "--output", "o", "--clips", "x"]),
+    ("data", "wan-tiny"): (["data", "wan-tiny", "--output", "o"],
+                           ["data", "wan-tiny", "--output", "o", "--clips", "x"]),
     ("preflight",): (["preflight", "--dry-run"], ["preflight", "--timeout", "soon"]),
     ("plan",): (["plan", str(TINY_EXAMPLE)], ["plan"]),
     ("export",): (["export", "run", "--to", "hf", "out"], ["export", "run", "--to", "hf"]),
@@ -113,4 +114,5 @@ def test_through_the_real_entry_point(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     line = _one_error_line(result.stderr)
-    assert line == "primus: error: export: argument --step: expected a whole number ≥ 0 (got 'abc') (see primus export --help)"
+    assert line == ("primus: error: export: argument --step: expected a whole number ≥ 0 (got 'abc') "
+                    "(see primus export --help)")

@@ -14,12 +14,10 @@ exports run in this process where no process needs killing.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -123,7 +123,8 @@ AMD_ENV_SECRETS = {"HF_TOKEN": "hf_PLANTEDamdENV0001", "WANDB_API_KEY": "PLANTED
 def _with_amd_environment_keys(tmp_path):
     """AMD's files put environment variables among a module's settings (``HF_TOKEN: hf_…``)."""
     lines = "".join(f"      {name}: {value}\n" for name, value in AMD_ENV_SECRETS.items())
-    return write(tmp_path / "exp.yaml", TINY_EXAMPLE.read_text().replace("    overrides:\n", "    overrides:\n" + lines))
+    text = TINY_EXAMPLE.read_text().replace("    overrides:\n", "    overrides:\n" + lines)
+    return write(tmp_path / "exp.yaml", text)
 
 
 def test_an_environment_secret_among_a_modules_keys_is_never_printed_or_saved(tmp_path):

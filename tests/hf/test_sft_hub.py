@@ -88,7 +88,8 @@ def _without_model(path, instructions):
     path.write_text(yaml.safe_dump({
         "work_group": "amd", "user_name": "root", "exp_name": "sft-hub-nomodel",
         "workspace": "${PRIMUS_WORKSPACE:./output}",
-        "modules": {"pre_trainer": {"framework": "megatron", "config": "pre_trainer.yaml", "stage": "sft", "overrides": {
+        "modules": {"pre_trainer": {"framework": "megatron", "config": "pre_trainer.yaml", "stage": "sft",
+                                    "overrides": {
             "hf_path": MODEL, "sft_dataset_name": str(instructions), "train_iters": 3, "micro_batch_size": 4,
             "global_batch_size": 8, "seq_length": 128, "bf16": False, "use_distributed_optimizer": False,
             "eval_interval": 1000, "save_interval": 1000}}}}))
