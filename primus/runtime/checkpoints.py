@@ -178,3 +178,56 @@ def pick_checkpoint(root: Path, layout: str, step: int | None = None, *,
             return newest, path
         skipped.append(problem)
     raise UnusableCheckpoint(f"{root}: no usable checkpoint; the newest: {skipped[0]}")
+
+
+class CheckpointMismatch(ConfigError):
+    """A whole checkpoint whose tensors do not fit the model (another shape, another engine)."""
+
+
+def saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Global shape of every tensor a DCP checkpoint holds (TorchTitan's and Megatron's torch_dist
+    ``.metadata`` record them), without reading a shard."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(path)).read_metadata()
+    return {key: tuple(meta.size) for key, meta in metadata.state_dict_metadata.items()
+            if isinstance(meta, TensorStorageMetadata)}
+
+
+def gathered(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The union over every rank of the model's tensor shapes (a pipeline stage holds only its layers)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return shapes
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, shapes)
+    return {key: shape for part in everyone for key, shape in part.items()}
+
+
+def check_model_matches(path: Path, model: dict[str, tuple[int, ...]], is_model_key: Callable[[str], bool]) -> None:
+    """Refuse (one line, before any step) a checkpoint whose model tensors are not exactly the model's:
+    the first tensor, in the model's order, that the checkpoint lacks or holds in another shape, else
+    the first one the checkpoint holds that the model has no place for. ``model``: the whole model's
+    global shapes (``gathered``); ``is_model_key``: which checkpoint keys are the model's."""
+    saved = {key: shape for key, shape in saved_shapes(path).items() if is_model_key(key)}
+    problem = None
+    for key, shape in model.items():
+        if key not in saved:
+            problem = f"tensor {key} {_shape(shape)} of the model is not in the checkpoint"
+        elif saved[key] != tuple(shape):
+            problem = f"tensor {key} is {_shape(saved[key])} in the checkpoint, {_shape(shape)} in the model"
+        if problem:
+            break
+    if problem is None:
+        extra = next((key for key in saved if key not in model), None)
+        if extra is None:
+            return
+        problem = f"tensor {extra} {_shape(saved[extra])} of the checkpoint has no place in the model"
+    raise CheckpointMismatch(f"{path}: does not match the model: {problem}; refused before any step (resume with "
+                             "the settings it was trained with, or start a new exp_name)")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
