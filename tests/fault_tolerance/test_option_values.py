@@ -1,6 +1,9 @@
-"""plan / preflight / train values from flags and the environment: a count below 1, a word where a
-number belongs, ``nan`` seconds, an empty device, a share above 1, a report folder that cannot be
-made: one ``primus: error:`` line naming the flag or variable, exit 2, nothing written."""
+"""Plan, preflight and train options are checked before anything runs: a count below 1 or a word where
+a number belongs (``--nproc-per-node 0``, ``-N -3``, ``NNODES=-1``, ``GPUS_PER_NODE=abc``,
+``WORLD_SIZE=zero``), ``--timeout nan``, an empty ``--device``, a share above 1 in ``--thresholds``, a
+``--report-dir`` that cannot be made: one ``primus: error:`` line naming the flag or variable, exit 2,
+nothing written. One helper (``primus/config/values.py``) parses them for every command.
+"""
 from __future__ import annotations
 
 import pytest
