@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
+from tests.conftest import PRIMUS, ROOT
+from tests.fault_tolerance.conftest import TRAINED
 from tests.helpers import cli_in_process
 
-MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"
 # In the export subprocess only: once the weights are written, the export stalls (the file
 # PRIMUS_T_STALL_WRITE says so) until the file PRIMUS_T_RELEASE appears, so the test can kill it
 # mid-write or start a second export meanwhile.
@@ -44,26 +44,14 @@ if os.environ.get("PRIMUS_T_STALL_WRITE"):
 '''
 
 
-def _train(tmp_path_factory, tiny_cache, example: Path, name: str, *overrides: str) -> Path:
-    workspace = tmp_path_factory.mktemp("export-runs")
-    env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
-    result = subprocess.run([*PRIMUS, "train", str(example), f"exp_name={name}", *overrides], env=env,
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workspace / "amd" / "root" / name
+@pytest.fixture
+def titan_run(titan_trained):
+    return titan_trained / "amd" / "root" / TRAINED
 
 
-@pytest.fixture(scope="module")
-def titan_run(tmp_path_factory, tiny_cache):
-    pytest.importorskip("torchtitan")
-    return _train(tmp_path_factory, tiny_cache, TINY_EXAMPLE, "tt", "training.steps=2", "checkpoint.interval=1")
-
-
-@pytest.fixture(scope="module")
-def megatron_run(tmp_path_factory, tiny_cache):
-    pytest.importorskip("megatron.core")
-    return _train(tmp_path_factory, tiny_cache, MEGATRON, "mg", "train_iters=4", "save_interval=2",
-                  "eval_interval=100")
+@pytest.fixture
+def megatron_run(megatron_trained):
+    return megatron_trained / "amd" / "root" / TRAINED
 
 
 @pytest.fixture

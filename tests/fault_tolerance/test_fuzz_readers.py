@@ -20,25 +20,12 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from primus.config.errors import ConfigError  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
-from tests.fault_tolerance.test_fuzz_inputs import BOUND_S, documents, yaml_text  # noqa: E402
+from tests.fault_tolerance.test_fuzz_inputs import BOUND_S, _ends_well, documents, yaml_text  # noqa: E402
 
 EXAMPLES = int(os.environ.get("PRIMUS_T_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=timedelta(seconds=BOUND_S), database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-
-
-def _ends_well(call) -> object:
-    """The value, or one ConfigError line: anything else (a traceback) fails; so does a slow answer."""
-    start = time.monotonic()
-    try:
-        return call()
-    except ConfigError as error:
-        assert str(error) and "\n" not in str(error)
-        return error
-    finally:
-        assert time.monotonic() - start < BOUND_S
 
 
 # -- SFT records ---------------------------------------------------------------------------------------

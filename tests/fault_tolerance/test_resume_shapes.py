@@ -15,8 +15,9 @@ import torch
 
 from primus.runtime.checkpoints import CheckpointMismatch, check_model_matches
 from tests.conftest import ROOT, TINY_EXAMPLE
+from tests.fault_tolerance.conftest import MEGATRON, TRAINED
+from tests.helpers import train_in_workspace
 
-MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"
 LORA = ROOT / "examples" / "megatron" / "llama3_tiny-sft-lora.yaml"
 
 
@@ -45,46 +46,19 @@ def test_a_matching_checkpoint_passes(tmp_path):
 
 
 # -- end to end ----------------------------------------------------------------------------------------
-def _train(tmp_path_factory, tiny_cache, example, name, *overrides):
-    import os
-    import subprocess
-
-    from tests.conftest import PRIMUS
-
-    workspace = tmp_path_factory.mktemp("resume-shapes")
-    env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
-    result = subprocess.run([*PRIMUS, "train", str(example), f"exp_name={name}", *overrides], env=env,
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workspace
-
-
-@pytest.fixture(scope="module")
-def titan_workspace(tmp_path_factory, tiny_cache):
-    pytest.importorskip("torchtitan")
-    return _train(tmp_path_factory, tiny_cache, TINY_EXAMPLE, "shapes", "training.steps=2", "checkpoint.interval=1")
-
-
-@pytest.fixture(scope="module")
-def megatron_workspace(tmp_path_factory, tiny_cache):
-    pytest.importorskip("megatron.core")
-    return _train(tmp_path_factory, tiny_cache, MEGATRON, "shapes", "train_iters=4", "save_interval=2",
-                  "eval_interval=100")
-
-
 @pytest.fixture(scope="module")
 def lora_workspace(tmp_path_factory, tiny_cache):
     pytest.importorskip("megatron.core")
-    return _train(tmp_path_factory, tiny_cache, LORA, "shapes", "train_iters=2", "save_interval=2",
-                  "eval_interval=100")
+    return train_in_workspace(tmp_path_factory.mktemp("lora-trained"), tiny_cache, LORA, TRAINED, "train_iters=2",
+                              "save_interval=2", "eval_interval=100")
 
 
 def _refused(run_primus, base, workspace, example, override):
     shutil.copytree(base, workspace)
-    run_dir = workspace / "amd" / "root" / "shapes"
+    run_dir = workspace / "amd" / "root" / TRAINED
     metrics = (run_dir / "metrics.jsonl").read_text()
     checkpoints = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").rglob("*"))
-    result = run_primus("train", example, "--resume", "exp_name=shapes", override)
+    result = run_primus("train", example, "--resume", f"exp_name={TRAINED}", override)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     text = result.stdout + result.stderr
     assert "Traceback" not in text and "[TRAIN]" not in text, text[-3000:]
@@ -105,8 +79,8 @@ def _refused(run_primus, base, workspace, example, override):
     ("model.multiple_of=64", "tensor layers.0.feed_forward.w1.weight is (352, 128) in the checkpoint, (384, 128) in "
                              "the model"),
 ])
-def test_torchtitan(override, fragment, titan_workspace, run_primus, workspace):
-    line = _refused(run_primus, titan_workspace, workspace, TINY_EXAMPLE, override)
+def test_torchtitan(override, fragment, titan_trained, run_primus, workspace):
+    line = _refused(run_primus, titan_trained, workspace, TINY_EXAMPLE, override)
     assert f"checkpoints/step-2: does not match the model: {fragment}" in line, line
 
 
@@ -118,8 +92,8 @@ def test_torchtitan(override, fragment, titan_workspace, run_primus, workspace):
     ("ffn_hidden_size=256", "decoder.layers.mlp.linear_fc1.weight is (2, 704, 128) in the checkpoint, (2, 512, 128) "
                             "in the model"),
 ])
-def test_megatron(override, fragment, megatron_workspace, run_primus, workspace):
-    line = _refused(run_primus, megatron_workspace, workspace, MEGATRON, override)
+def test_megatron(override, fragment, megatron_trained, run_primus, workspace):
+    line = _refused(run_primus, megatron_trained, workspace, MEGATRON, override)
     assert "checkpoints/iter_0000004: does not match the model: tensor " in line and fragment in line, line
 
 
@@ -133,10 +107,10 @@ def test_megatron_lora(override, fragment, lora_workspace, run_primus, workspace
 
 
 @pytest.mark.e2e
-def test_megatron_resume_with_more_iterations_continues(megatron_workspace, run_primus, workspace):
-    shutil.copytree(megatron_workspace, workspace)
-    run_dir = workspace / "amd" / "root" / "shapes"
-    result = run_primus("train", MEGATRON, "--resume", "exp_name=shapes", "train_iters=6", "save_interval=2",
+def test_megatron_resume_with_more_iterations_continues(megatron_trained, run_primus, workspace):
+    shutil.copytree(megatron_trained, workspace)
+    run_dir = workspace / "amd" / "root" / TRAINED
+    result = run_primus("train", MEGATRON, "--resume", f"exp_name={TRAINED}", "train_iters=6", "save_interval=2",
                         "eval_interval=100")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
