@@ -72,6 +72,11 @@ def _megatron(run_dir: Path, name: str, section: dict[str, Any], step: int | Non
 
     plan = _plan("megatron", run_dir, name, section)
     step, path = pick_checkpoint(plan.checkpoint.directory, "megatron", step, warn=warn)
+    from primus.backends.megatron.legacy_checkpoint import is_legacy
+
+    if is_legacy(path):
+        raise ConfigError(f"{path}: Megatron-LM's legacy layout (ckpt_format: torch); export reads torch_dist "
+                          "checkpoints (resume the run for a step with ckpt_format: torch_dist)")
     source, spec = None, plan.model
     if plan.checkpoint.format == "hf":  # the HF model it started from: its config and unpadded vocabulary
         from primus.hf.config import model_spec_from_hf, read_config
