@@ -142,3 +142,15 @@ def cli_in_process(*argv: object, env: dict[str, str] | None = None) -> subproce
         os.environ.clear()
         os.environ.update(saved)
     return subprocess.CompletedProcess(["primus", *map(str, argv)], code, out.getvalue(), err.getvalue())
+
+
+def train_in_workspace(workspace: Path, tiny_cache: Path, example: Path, exp_name: str, *overrides: str) -> Path:
+    """``primus train EXAMPLE exp_name=NAME OVERRIDES`` in a subprocess writing into ``workspace``, which
+    it returns: a module fixture trains once and each test works on a copy of the run."""
+    from tests.conftest import PRIMUS
+
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
+    result = subprocess.run([*PRIMUS, "train", str(example), f"exp_name={exp_name}", *overrides], env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(workspace)

@@ -90,6 +90,17 @@ class HangOptions(BaseModel):
                                          description="collectives torch's flight recorder keeps per rank (0: off)")
 
 
+class HubOptions(BaseModel):
+    """Seconds a Hugging Face Hub request may take when a run fetches a Hub id (primus/compat/hub.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connect_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    read_timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False, description="between two reads")
+    stall_timeout_s: float = Field(90.0, gt=0, le=24 * 3600, allow_inf_nan=False,
+                                   description="without any answer, across retries: then the run stops")
+
+
 class PrimusOptions(BaseModel):
     """The ``primus:`` block of a module's params: Primus' own knobs, never handed to an engine."""
 
@@ -115,6 +126,7 @@ class PrimusOptions(BaseModel):
         None, description="resume policy when the command line names none (--resume / --no-resume)")
     stragglers: StragglerOptions = Field(default_factory=StragglerOptions)
     hang: HangOptions = Field(default_factory=HangOptions)
+    hub: HubOptions = Field(default_factory=HubOptions, description="Hugging Face Hub timeouts")
 
 
 class ExperimentSpec(BaseModel):

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from primus.config.secrets import shown_value
 from primus.runtime.faults import maybe_inject
 from primus.runtime.instruments import Instruments
 from primus.runtime.phases import PhaseClock
@@ -82,4 +83,4 @@ class RunContext:
 
     def log_derived(self, key: str, value: object, reason: str) -> None:
         """Settings the backend chose for the user are said once, never silently."""
-        self.logger.info("derived %s=%s (%s)", key, value, reason)
+        self.logger.info("derived %s=%s (%s)", key, shown_value(key, value), reason)

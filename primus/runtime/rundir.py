@@ -200,6 +200,34 @@ class RunDir:
     def read_config(self) -> dict[str, Any]:
         return yaml.safe_load(self.config.read_text(encoding="utf-8"))
 
+    def read_module(self, name: str | None = None) -> tuple[str, dict[str, Any]]:
+        """(name, section) of one module of ``config.resolved.yaml`` (default ``pre_trainer``), for a
+        reader of a finished run (``primus export``): a damaged file (empty, not YAML, not a mapping,
+        a module without its framework or params) is one ``ConfigError`` naming it."""
+        from primus.config.yaml_source import read_yaml
+
+        where = str(self.config)
+        if not self.config.is_file():
+            raise ConfigError(f"{self.path}: not a Primus run directory (no {self.CONFIG})")
+        tree = read_yaml(self.config, where)
+        damaged = f"{where}: damaged (written by Primus at launch; restore it from a copy, or re-launch the run)"
+        if not isinstance(tree, dict) or not tree:
+            raise ConfigError(f"{damaged}: {'empty' if not tree else f'a {type(tree).__name__}, not a mapping'}")
+        modules = tree.get("modules")
+        if not isinstance(modules, dict) or not modules:
+            raise ConfigError(f"{damaged}: no 'modules' mapping")
+        if name is None:
+            name = "pre_trainer" if "pre_trainer" in modules else next(iter(modules))
+        if name not in modules:
+            raise ConfigError(f"--module {name}: no such module in the run (modules: {', '.join(map(str, modules))})")
+        section = modules[name]
+        if not isinstance(section, dict):
+            raise ConfigError(f"{damaged}: modules.{name} is not a mapping")
+        for key, kind in (("framework", str), ("params", dict)):
+            if not isinstance(section.get(key), kind):
+                raise ConfigError(f"{damaged}: modules.{name}.{key} is missing or not a {kind.__name__}")
+        return name, section
+
     def write_payload(self, *, module: str, resume: bool, attempt: str) -> Path:
         _replace_atomically(self.payload, json.dumps({"run_dir": str(self.path), "module": module, "resume": resume,
                                                       "attempt": attempt}))

@@ -17,6 +17,15 @@ GUARANTEES = {
     "test_run_dir.py": "The run dir's bookkeeping survives faults",
     "test_stragglers.py": "A slow rank is named within two report intervals.",
     "test_hangs.py": "A hung job names the rank it waits for, then exits.",
+    "test_option_values.py": "Plan, preflight and train options are checked before anything runs",
+    "test_export_faults.py": "An export is whole or absent",
+    "test_sft_inputs.py": "Instruction data that cannot be read is one line naming the file:line, exit 2",
+    "test_resume_shapes.py": "A resume whose checkpoint does not match the model is refused before any step",
+    "test_races.py": "Shared caches and outputs take a lock",
+    "test_fuzz_readers.py": "Whatever an instruction file, a run directory's config, a plan or preflight option or a "
+                            "pipeline layout holds, the SFT reader, export's run-dir reader, the option parsers and "
+                            "the layout parser end in a value or one error line (exit 0 or 2), never a traceback, "
+                            "within a time bound.",
 }
 EXTRA = {  # further sentences README and a test docstring share word for word
     "test_secrets.py": "A planted literal token appears in no file of the run dir, no dry-run output, no error "

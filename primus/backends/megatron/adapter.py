@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
 from primus.hf.megatron_start import (check_post_training_inputs, hf_checkpoint_spec, is_post_training,
-                                     post_training, strip_post_training)
+                                     network_from_hub, post_training, strip_post_training)
 from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 
@@ -86,6 +86,8 @@ class MegatronAdapter(BackendAdapter):
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
         model, layout = describe(args, module.params.get("model"), world_size)
+        if network_from_hub(module.params):  # provisional shapes only: no model to estimate until the run starts
+            model = None
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
         checkpoint = hf_checkpoint_spec(module.params, save) or CheckpointSpec(save, load=args.load)  # [#15]
         plan = EnginePlan(module, world_size, args, checkpoint, model, layout,
@@ -172,7 +174,7 @@ class MegatronAdapter(BackendAdapter):
 def _check_lora(module: ModuleConfig, args, provenance):
     """The ``lora`` block's keys, and what LoRA needs: no sequence parallelism. Any stage, with or without
     ``hf_path`` (AMD's 4-layer LoRA benchmarks adapt a randomly initialised base: the plan says so)."""
-    from primus.backends.megatron.lora import lora_of
+    from primus.backends.megatron.lora import check_rank, lora_of
 
     prefix = f"modules.{module.name}"
     lora = lora_of(module.params, prefix, provenance)
@@ -182,6 +184,7 @@ def _check_lora(module: ModuleConfig, args, provenance):
     if args.sequence_parallel:
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")
+    check_rank(lora, args, prefix, where.removesuffix(": "))
     return lora
 
 

@@ -309,7 +309,7 @@ def _pipeline_split_rules(args) -> None:
     mtp = args.mtp_num_layers or 0
     if layout is not None:
         try:
-            stages = parse_pipeline_layout(layout)
+            stages = parse_pipeline_layout(layout, (args.num_layers or 0) + mtp)
         except ConfigError:
             return  # check_parallel_layout names the mistake
         if mtp and "m" not in "".join(stages) and stages and stages[-1].endswith("L"):
@@ -334,7 +334,9 @@ def _pipeline_split_rules(args) -> None:
 def virtual_pipeline_size(args) -> int | None:
     """Megatron-LM's virtual_pipeline_model_parallel_size (None: no interleaving)."""
     if args.pipeline_model_parallel_layout is not None:
-        vpp = len(parse_pipeline_layout(args.pipeline_model_parallel_layout)) // args.pipeline_model_parallel_size
+        stages = parse_pipeline_layout(args.pipeline_model_parallel_layout,
+                                       (args.num_layers or 0) + (args.mtp_num_layers or 0))
+        vpp = len(stages) // args.pipeline_model_parallel_size
     elif args.num_virtual_stages_per_pipeline_rank is not None:
         vpp = args.num_virtual_stages_per_pipeline_rank
     elif args.num_layers_per_virtual_pipeline_stage is not None:
@@ -359,7 +361,8 @@ def _check_pipeline_layout(args, pp: int, m: str) -> None:
     if others:
         raise ConfigError(f"{key}: excludes {others[0]} (megatron-core: the layout places every layer)")
     try:
-        stages = parse_pipeline_layout(args.pipeline_model_parallel_layout)
+        stages = parse_pipeline_layout(args.pipeline_model_parallel_layout,
+                                       (args.num_layers or 0) + (args.mtp_num_layers or 0))
     except ConfigError as exc:
         raise ConfigError(f"{key}: {exc}") from None
     if len(stages) % pp:

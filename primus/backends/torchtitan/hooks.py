@@ -17,16 +17,19 @@ managers (the managers document ``_should_save`` as the hook to override). So:
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from torchtitan.components.checkpointer.base import MODEL
 from torchtitan.components.checkpointer.dcp import CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from primus.backends.torchtitan.steps import ExpertLoad, engine_non_finite_loss, global_loss
+from primus.runtime.checkpoints import check_model_matches, gathered
 from primus.runtime.metrics import StepReport
 from primus.runtime.phases import timed_iterator
 
@@ -49,6 +52,15 @@ class PrimusMetricsProcessor(MetricsProcessor):
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
 
 
+def check_torchtitan_checkpoint(path, states: dict[str, Any]) -> None:
+    """The checkpoint's model tensors (its keys without the optimizer's, dataloader's, ... prefixes)
+    against the model's flattened state dict, as TorchTitan saves it (global shapes, every rank's)."""
+    model = gathered({key: tuple(value.shape) for key, value in states[MODEL].state_dict().items()
+                      if hasattr(value, "shape")})
+    others = tuple(f"{name}." for name in states if name != MODEL) + tuple(name for name in states if name != MODEL)
+    check_model_matches(path, model, lambda key: not key.startswith(others))
+
+
 class PrimusCheckpointManager(CheckpointManager):
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
@@ -63,6 +75,18 @@ class PrimusCheckpointManager(CheckpointManager):
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         with self.timing:
             return super()._save(curr_step, last_step)
+
+    def _load(self, step: int = -1) -> bool:
+        """Before DCP loads a checkpoint of this run (which would silently take the tensors the model
+        asks for and ignore the others): its model tensors must be exactly the model's."""
+        from pathlib import Path
+
+        if os.path.isdir(self.folder):
+            load_step = self._find_load_step() if step == -1 else step
+            path = Path(self._create_checkpoint_id(load_step)) if load_step != -1 else None
+            if path is not None and (path / ".metadata").is_file() and MODEL in self.states:
+                check_torchtitan_checkpoint(path, self.states)
+        return super()._load(step)
 
 
 class PrimusTrainer(Trainer):
