@@ -7,7 +7,6 @@ resumed with more iterations continues, on this launch's LR schedule.
 """
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 from primus.runtime.checkpoints import CheckpointMismatch, check_model_matches
 from tests.conftest import ROOT, TINY_EXAMPLE
 from tests.fault_tolerance.conftest import MEGATRON, TRAINED
-from tests.helpers import train_in_workspace
+from tests.helpers import read_metrics, train_in_workspace
 
 LORA = ROOT / "examples" / "megatron" / "llama3_tiny-sft-lora.yaml"
 
@@ -56,7 +55,7 @@ def lora_workspace(tmp_path_factory, tiny_cache):
 def _refused(run_primus, base, workspace, example, override):
     shutil.copytree(base, workspace)
     run_dir = workspace / "amd" / "root" / TRAINED
-    metrics = (run_dir / "metrics.jsonl").read_text()
+    metrics = read_metrics(run_dir)
     checkpoints = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").rglob("*"))
     result = run_primus("train", example, "--resume", f"exp_name={TRAINED}", override)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
@@ -64,7 +63,7 @@ def _refused(run_primus, base, workspace, example, override):
     assert "Traceback" not in text and "[TRAIN]" not in text, text[-3000:]
     lines = [line for line in text.splitlines() if "does not match the model" in line]
     assert len(lines) == 1, text[-3000:]
-    assert (run_dir / "metrics.jsonl").read_text() == metrics  # no step ran
+    assert read_metrics(run_dir) == metrics  # no step ran
     assert sorted(str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").rglob("*")) == checkpoints
     return lines[0]
 
@@ -113,7 +112,7 @@ def test_megatron_resume_with_more_iterations_continues(megatron_trained, run_pr
     result = run_primus("train", MEGATRON, "--resume", f"exp_name={TRAINED}", "train_iters=6", "save_interval=2",
                         "eval_interval=100")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in read_metrics(run_dir)]
     assert steps == [1, 2, 3, 4, 5, 6]
     info = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
     assert "derived override_opt_param_scheduler=true" in info and "lr_decay_steps 32 -> 48" in info
