@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+from primus.config.values import count_flag, non_empty_flag
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser(
@@ -20,9 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "per rank by component, and whether it fits --device. Exit 0 fits, 1 does not fit or "
                     "the layout is wrong, 2 user error.")
     plan.add_argument("exp", help="experiment YAML")
-    plan.add_argument("--device", help="device to fit: " + ", ".join(_device_names()))
-    plan.add_argument("--nproc-per-node", type=int, help="processes per node (env GPUS_PER_NODE, default 1)")
-    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=int, help="nodes (env NNODES, default 1)")
+    plan.add_argument("--device", type=non_empty_flag, help="device to fit: " + ", ".join(_device_names()))
+    plan.add_argument("--nproc-per-node", type=count_flag(1), help="processes per node (env GPUS_PER_NODE, default 1)")
+    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1),
+                      help="nodes (env NNODES, default 1)")
     plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
     plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     plan.add_argument("--json", action="store_true", help="print the estimate as JSON")

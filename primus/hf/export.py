@@ -10,12 +10,16 @@ model goes out exactly as it came in; otherwise it is written from the run's ``M
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from primus.config.errors import ConfigError
+from primus.hf.export_target import check_target, claimed, write_atomically
 from primus.plan.model import ModelSpec
+
+Warn = Callable[[str], None]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -26,15 +30,6 @@ class Exported:
     checkpoint: Path
     step: int
     tensors: int
-
-
-def _module(tree: dict[str, Any], name: str | None) -> tuple[str, dict[str, Any]]:
-    modules = tree.get("modules") or {}
-    if name is None:
-        name = "pre_trainer" if "pre_trainer" in modules else next(iter(modules), None)
-    if name not in modules:
-        raise ConfigError(f"--module {name}: no such module in the run (modules: {', '.join(modules)})")
-    return name, modules[name]
 
 
 def _plan(run_dir: Path, name: str, section: dict[str, Any]):
@@ -68,23 +63,35 @@ def _config(source: Path | None, spec: ModelSpec, dtype: str, tokenizer: str | N
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None, module: str | None = None,
-               dtype: str | None = None) -> Exported:
-    """Write the run's checkpoint (latest, or ``step``) as a HF model folder ``out_dir`` (new or empty)."""
-    import torch
-
-    from primus.hf.checkpoint import expected_shapes, save_hf_checkpoint
+               dtype: str | None = None, warn: Warn | None = None) -> Exported:
+    """Write the run's checkpoint (latest whole one, or ``step``) as a HF model folder ``out_dir``
+    (new or empty), atomically; a damaged newer checkpoint is skipped with ``warn``."""
     from primus.runtime.rundir import RunDir
 
-    run_dir, out = Path(run_dir).expanduser().absolute(), Path(out_dir).expanduser().absolute()
-    if not RunDir(run_dir).config.is_file():
-        raise ConfigError(f"{run_dir}: not a Primus run directory (no {RunDir.CONFIG})")
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out}: exists and is not empty; export never overwrites (choose a new folder)")
-    name, section = _module(RunDir(run_dir).read_config(), module)
+    out = check_target(out_dir)  # before anything is read: a bad OUT_DIR costs nothing
+    if step is not None and step < 0:
+        raise ConfigError(f"--step {step}: a step is ≥ 0")
+    run_dir = Path(run_dir).expanduser().absolute()
+    name, section = RunDir(run_dir).read_module(module)
     plan = _plan(run_dir, name, section)
-    weights = plan.recipe.export(plan, step)  # each engine's recipe reads its own checkpoint layout
-    hf, spec, source, tokenizer, path, step = (weights.tensors, weights.model, weights.source, weights.tokenizer,
-                                               weights.checkpoint, weights.step)
+    with claimed(out):
+        weights = plan.recipe.export(plan, step, warn)  # each engine's recipe reads its own checkpoint layout
+        hf, config = _as_hf_model(weights.tensors, weights.model, weights.source, weights.tokenizer,
+                                  weights.checkpoint, dtype)
+        from primus.hf.checkpoint import save_hf_checkpoint
+
+        tokenizer_from = weights.source or weights.tokenizer
+        write_atomically(out, lambda folder: save_hf_checkpoint(folder, hf, config, tokenizer_from=tokenizer_from))
+    return Exported(out, weights.checkpoint, weights.step, len(hf))
+
+
+def _as_hf_model(hf: dict[str, Any], spec: ModelSpec, source: Path | None, tokenizer: str | None, path: Path,
+                 dtype: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tensors a HF model of ``spec`` holds (cast to ``dtype``) and its ``config.json``."""
+    import torch
+
+    from primus.hf.checkpoint import expected_shapes
+
     expected = expected_shapes(spec)
     missing = sorted(set(expected) - set(hf))
     if missing:
@@ -93,6 +100,4 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
     if dtype is not None:
         hf = {k: v.to(getattr(torch, dtype)) for k, v in hf.items()}
     stored = str(next(iter(hf.values())).dtype).removeprefix("torch.")
-    config = _config(source, spec, stored, tokenizer)
-    save_hf_checkpoint(out, hf, config, tokenizer_from=source or tokenizer)
-    return Exported(out, path, step, len(hf))
+    return hf, _config(source, spec, stored, tokenizer)

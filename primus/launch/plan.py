@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from primus.config.errors import ConfigError
+from primus.config.values import env_count
 from primus.launch.config import LauncherConfig
 
 WORKER_MODULE = "primus.runtime.worker"
@@ -57,11 +58,11 @@ class LaunchPlan:
                  master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0) -> "LaunchPlan":
         env = os.environ
         return cls(
-            nproc_per_node=nproc_per_node or int(env.get("GPUS_PER_NODE", "1")),
-            nnodes=nnodes or int(env.get("NNODES", "1")),
-            node_rank=node_rank if node_rank is not None else int(env.get("NODE_RANK", "0")),
+            nproc_per_node=nproc_per_node or env_count("GPUS_PER_NODE") or 1,
+            nnodes=nnodes or env_count("NNODES") or 1,
+            node_rank=node_rank if node_rank is not None else env_count("NODE_RANK", minimum=0) or 0,
             master_addr=master_addr or env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=master_port or (int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None),
+            master_port=master_port or env_count("MASTER_PORT"),
             max_restarts=max_restarts,
         )
 
@@ -120,19 +121,22 @@ def plan_from_config(config: LauncherConfig) -> LaunchPlan:
 
 
 def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ) -> tuple[int | None, str]:
-    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says."""
+    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says.
+    A count below 1 or not a number, from a flag or a variable, is a user error naming it."""
     parts, sources = [], []
     for flag, value, var in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE"), ("-N", nnodes, "NNODES")):
+        from_env = env_count(var, env) if value is None else None
         if value is not None:
             parts.append(value)
             sources.append(f"{flag} {value}")
-        elif env.get(var):
-            parts.append(int(env[var]))
-            sources.append(f"${var}={env[var]}")
+        elif from_env is not None:
+            parts.append(from_env)
+            sources.append(f"${var}={from_env}")
         else:
             parts.append(1)
     if not sources:
-        if env.get("WORLD_SIZE"):
-            return int(env["WORLD_SIZE"]), f"$WORLD_SIZE={env['WORLD_SIZE']}"
+        world = env_count("WORLD_SIZE", env)
+        if world is not None:
+            return world, f"$WORLD_SIZE={world}"
         return None, "not given (--nproc-per-node, -N): the smallest world the experiment's layout runs on"
     return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"

@@ -79,6 +79,8 @@ class CheckpointSpec:
     # the engine's name of one saved step, its step number the first group (TorchTitan ``step-(\d+)``,
     # Megatron ``iter_(\d+)``); None where Primus does not verify the engine's checkpoints itself
     step_pattern: str | None = None
+    # another engine's checkpoint under this engine's step name, said (``runtime.checkpoints.problem_of``)
+    foreign: "Callable[[Path], str | None] | None" = None
 
 
 @dataclass
@@ -164,8 +166,9 @@ class Recipe(ABC):
     def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
         """Build the engine's trainer from ``plan`` and train, reporting every step through ``ctx``."""
 
-    def export(self, plan: EnginePlan, step: int | None) -> HFWeights:
-        """The run's checkpoint (``step``, else the latest) as Hugging Face tensors."""
+    def export(self, plan: EnginePlan, step: int | None, warn: Callable[[str], None] | None = None) -> HFWeights:
+        """The run's checkpoint (``step``, else the latest whole one: each newer damaged one said
+        through ``warn``) as Hugging Face tensors."""
         raise ConfigError(f"{plan.module.prefix}: a {self.adapter.name} {self.stage} run does not export to a "
                           "Hugging Face model")
 
@@ -199,8 +202,8 @@ class WrappingRecipe(Recipe):
     def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
         self.base.run(plan, ctx)
 
-    def export(self, plan: EnginePlan, step: int | None) -> HFWeights:
-        return self.base.export(plan, step)
+    def export(self, plan: EnginePlan, step: int | None, warn: Callable[[str], None] | None = None) -> HFWeights:
+        return self.base.export(plan, step, warn)
 
 
 # -- the adapter: one per engine --------------------------------------------------------------------

@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 import resource
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
-
-
 
 
 @dataclass
@@ -47,14 +46,21 @@ class StepMetrics:
     lr: float | None = None
     grad_norm: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    time: float | None = None  # when the step ended (Unix time): places it in the run's wall time (goodput)
 
     def scalars(self) -> dict[str, float]:
-        """Every number of the record but the step, flat (``extra`` keys included), for trackers:
-        the same names as metrics.jsonl; fields without a value (None) are left out, not zeroed."""
+        """Every number of the record but the step and its time, flat (``extra`` keys included), for
+        trackers: the same names as metrics.jsonl; fields without a value (None) are left out, not zeroed."""
         out = {key: float(value) for key, value in vars(self).items()
-               if key not in ("step", "extra") and value is not None}
+               if key not in ("step", "extra", "time") and value is not None}
         out.update({key: float(value) for key, value in self.extra.items() if _is_number(value)})
         return out
+
+
+def is_step_row(row: dict[str, Any]) -> bool:
+    """metrics.jsonl holds one row per step and event rows (``{"event": kind, ...}``: a straggler
+    report, a hang, a worker's end, the goodput), which carry no loss."""
+    return "event" not in row
 
 
 def _is_number(value: Any) -> bool:
@@ -87,6 +93,7 @@ def derive(report: StepReport, *, world_size: int, device: str, peak_tflops: flo
         lr=report.lr,
         grad_norm=report.grad_norm,
         extra=dict(report.extra),
+        time=time.time(),
     )
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from primus.runtime.metrics import StepMetrics, StepReport, derive
 from primus.runtime.rundir import RunDir
@@ -41,6 +41,11 @@ class MetricsReporter:
         for sink in self.sinks:
             sink.write(metrics)
         return metrics
+
+    def event(self, record: dict[str, Any]) -> None:
+        """Something that is not a step (``{"event": kind, ...}``), to metrics.jsonl on the reporting rank."""
+        for sink in self.sinks:
+            sink.event(record)
 
     def close(self, status: str = "completed") -> None:
         """``status``: how the run ended (completed, failed, preempted), for trackers that record it."""

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from primus.backends.megatron.checkpoint import ITERATION
 from primus.backends.megatron.params import TINY_PREFIX, megatron_params
 from primus.backends.megatron.post_training import (MegatronPostTraining, MegatronPostTrainingKeys,
-                                                    check_post_training_inputs, is_post_training, post_training,
-                                                    read_keys)
+                                                    check_post_training_inputs, is_post_training, network_from_hub,
+                                                    post_training, read_keys)
 from primus.config.errors import ConfigError
 from primus.config.provenance import error_at
 from primus.data.sft import SFTDataSpec
@@ -87,6 +87,8 @@ class MegatronRecipe(Recipe):
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
         model, layout = describe(args, module.params.get("model"), world_size)
+        if network_from_hub(module.params):  # provisional shapes only: no model to estimate before prepare fetches it
+            model = None
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
         checkpoint = CheckpointSpec(save, load=args.load, step_pattern=ITERATION)
         if keys.hf_path:
@@ -154,19 +156,18 @@ class MegatronRecipe(Recipe):
 
         train(plan.engine_config, ctx, plan.module.name, plan.post, plan.lora)
 
-    def export(self, plan: MegatronPlan, step: int | None) -> HFWeights:
-        """torch_dist tensors have the layout-free keys and global shapes of ``hf_adapter``; LoRA merged."""
-        from primus.backends.checkpoint_io import pick_step, read_dcp_tensors, saved_steps
+    def export(self, plan: MegatronPlan, step: int | None, warn: Callable[[str], None] | None = None) -> HFWeights:
+        """torch_dist tensors have the layout-free keys and global shapes of ``hf_adapter``; LoRA merged.
+        The step read is verified whole (else the newest whole one, said)."""
+        from primus.backends.checkpoint_io import read_dcp_tensors
         from primus.backends.megatron.hf_adapter import megatron_to_hf
-
-        root = plan.checkpoint.directory
-        steps = saved_steps(root, ITERATION, complete="metadata.json")
         from primus.backends.megatron.legacy_checkpoint import is_legacy
+        from primus.runtime.checkpoints import pick_checkpoint
 
-        if not steps and any(is_legacy(p) for p in root.glob("iter_*")):
-            raise ConfigError(f"{root}: the run saved Megatron-LM's legacy layout (ckpt_format: torch); export reads "
-                              "torch_dist checkpoints (resume the run for a step with ckpt_format: torch_dist)")
-        step, path = pick_step(steps, step, root)
+        step, path = pick_checkpoint(plan.checkpoint.directory, ITERATION, step, warn=warn)
+        if is_legacy(path):
+            raise ConfigError(f"{path}: Megatron-LM's legacy layout (ckpt_format: torch); export reads torch_dist "
+                              "checkpoints (resume the run for a step with ckpt_format: torch_dist)")
         source, spec = None, plan.model
         if plan.checkpoint.format == "hf":  # the HF model it started from: its config and unpadded vocabulary
             from primus.hf.config import model_spec_from_hf, read_config

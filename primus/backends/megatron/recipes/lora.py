@@ -4,12 +4,13 @@ every base weight frozen. The plan carries the adapters; the trainer adds them a
 are loaded, and ``export`` merges them (``W + alpha/dim * B A``)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from primus.backends.megatron.lora import lora_of
+from primus.backends.megatron.lora import check_rank, lora_of
 from primus.config.provenance import error_at
-from primus.runtime.adapter import ModuleConfig, WrappingRecipe
+from primus.runtime.adapter import Derived, ModuleConfig, WrappingRecipe
 
 if TYPE_CHECKING:
     from primus.backends.megatron.recipes.common import MegatronPlan
@@ -31,8 +32,27 @@ class MegatronLoRA(WrappingRecipe):
         if plan.engine_config.sequence_parallel:
             raise error_at(provenance, f"{module.prefix}.lora",
                            "LoRA with sequence_parallel is not supported yet (set sequence_parallel: false)")
+        check_rank(lora, plan.engine_config, module.prefix,
+                   provenance.describe(f"{module.prefix}.lora") if provenance is not None else "")
         plan.lora = lora
         base = "" if module.params.get("hf_path") else " (no hf_path: the frozen base is megatron-core's random init)"
         plan.derive("lora", lora.describe(), f"adapters y = W x + {lora.scale:g} * B A x on megatron-core's linears "
                     f"(alpha / dim); every base weight frozen{base}")
         return plan
+
+    def prepare(self, plan: "MegatronPlan", log: Callable[[str], None]) -> list[Derived]:
+        """LoRA wraps megatron-core's local linears; FP8 and context parallelism need Transformer Engine's
+        layers: a run asking for both stops here (validate admits the file, as AMD's LoRA-FP8 file is valid)."""
+        derived = super().prepare(plan, log)
+        if plan.lora is not None:
+            refuse_lora_on_te_layers(plan.module.prefix, plan.engine_config)
+        return derived
+
+
+def refuse_lora_on_te_layers(prefix: str, args) -> None:
+    """LoRA wraps megatron-core's local linears; FP8 and context parallelism need Transformer Engine's layers."""
+    from primus.backends.megatron.te_features import uses_context_parallel, uses_fp8
+
+    if uses_fp8(args) or uses_context_parallel(args):
+        raise error_at(None, f"{prefix}.lora", "LoRA wraps megatron-core's local linears, and FP8 / context "
+                       "parallelism need Transformer Engine's layers: drop one")

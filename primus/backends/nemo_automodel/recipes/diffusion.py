@@ -108,7 +108,7 @@ class WanRecipe(Recipe):
         with keep_primus_logging(), checkpoint_on_transient_group():  # resume loads too
             recipe.setup()
         _log_sigma_window(recipe, ctx.logger)
-        tap = StepTap(recipe, ctx.report_step, ctx.should_stop)
+        tap = StepTap(recipe, ctx.report_step, ctx.should_stop, ctx.instruments.clock)
         try:
             with one_train_line(), checkpoint_on_transient_group():  # no OpenMP pools left
                 recipe.run_train_validation_loop()

@@ -4,6 +4,7 @@ plain Hugging Face model. (A ``peft:`` block of the diffusion recipe is AutoMode
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from primus.runtime.adapter import EnginePlan, HFWeights, WrappingRecipe
 class AutoModelLoRA(WrappingRecipe):
     stage = "lora"
 
-    def export(self, plan: EnginePlan, step: int | None) -> HFWeights:
+    def export(self, plan: EnginePlan, step: int | None, warn: Callable[[str], None] | None = None) -> HFWeights:
         """The saved PEFT adapter merged into the base model the run started from."""
         from primus.hf.checkpoint import HFCheckpoint
 

@@ -72,7 +72,7 @@ class TorchTitanRecipe(Recipe):
         directory = Path(cfg.dump_folder) / cfg.checkpoint.folder
         source = hf_start.hf_source(params)  # TorchTitan loads these safetensors itself
         checkpoint = CheckpointSpec(directory, load=str(source) if source else None, format="hf" if source else "native",
-                                    step_pattern=STEP)
+                                    step_pattern=STEP, foreign=foreign_checkpoint)
         plan = EnginePlan(module, self, world_size, cfg, checkpoint, spec, layout, sizing=LLM,
                           flops_per_token=flops_per_token(spec, cfg.training.seq_len))
         for key, value, reason in [*derived, *more]:
@@ -97,6 +97,7 @@ class TorchTitanRecipe(Recipe):
     def prepare(self, plan: TorchTitanPlan, log: Callable[[str], None]) -> list:
         from primus.compat.hub import localize
 
+        _admit_float8(plan.module)
         if tiny_assets_dir(plan.module.params) is None:  # a tokenizer named by Hub id: this node's copy
             from primus.runtime.adapter import Derived
 
@@ -115,22 +116,24 @@ class TorchTitanRecipe(Recipe):
 
 
     def run(self, plan: TorchTitanPlan, ctx: "RunContext") -> None:
-        from primus.backends.torchtitan.patches import apply_patches
+        from primus.backends.torchtitan.float8 import converted_linears
+        from primus.backends.torchtitan.patches import apply_float8_patches, apply_patches
 
-        for name in apply_patches():
+        cfg = plan.engine_config
+        float8 = [*apply_float8_patches()] if converted_linears(cfg.model_spec.model) else []
+        for name in [*apply_patches(), *float8]:
             ctx.logger.info("applied TorchTitan compatibility patch: %s", name)
         import torch.distributed as dist
 
         from primus.backends.torchtitan.hooks import with_primus_components
 
         plan.log_derived(ctx)
-        cfg = plan.engine_config
         if ctx.resume and not cfg.checkpoint.enable:
             ctx.logger.warning("--resume given but checkpoint.enable is false: starting from step 0")
         if cfg.checkpoint.enable and cfg.checkpoint.load_step < 0:  # skip a damaged newest checkpoint
             from primus.runtime.checkpoints import newest_usable
 
-            step = newest_usable(ctx.checkpoint_dir, STEP)
+            step = newest_usable(ctx.checkpoint_dir, STEP, foreign=foreign_checkpoint)
             cfg.checkpoint.load_step = cfg.checkpoint.load_step if step is None else step
         hf_start.log_start(plan.checkpoint, ctx.logger)  # which HF checkpoint the run starts from
         hf_config = getattr(cfg.model_spec.model, "_primus_hf_config", None)
@@ -157,12 +160,14 @@ class TorchTitanRecipe(Recipe):
             if dist.is_initialized():
                 dist.destroy_process_group()
 
-    def export(self, plan: TorchTitanPlan, step: int | None) -> HFWeights:
-        """Through the model TorchTitan built and its own state-dict adapter's ``to_hf``."""
-        from primus.backends.checkpoint_io import pick_step, read_dcp_tensors, saved_steps
+    def export(self, plan: TorchTitanPlan, step: int | None, warn: Callable[[str], None] | None = None) -> HFWeights:
+        """Through the model TorchTitan built and its own state-dict adapter's ``to_hf``; the step read is
+        verified whole and TorchTitan's (else the newest such one, said)."""
+        from primus.backends.checkpoint_io import read_dcp_tensors
+        from primus.runtime.checkpoints import pick_checkpoint
 
         root = plan.checkpoint.directory
-        step, path = pick_step(saved_steps(root, STEP, complete=".metadata"), step, root)
+        step, path = pick_checkpoint(root, STEP, step, foreign=foreign_checkpoint, warn=warn)
         titan = plan.engine_config.model_spec
         if titan.state_dict_adapter is None:
             raise ConfigError(f"{root.parent}: TorchTitan's {titan.name} model has no Hugging Face state-dict adapter")
@@ -182,6 +187,30 @@ def _say_validation(trainer: Any, ctx: "RunContext") -> None:
         return original(loss, step, extra_metrics)
 
     processor.log_validation = log_validation
+
+
+def foreign_checkpoint(path: Path) -> str | None:
+    """A Megatron checkpoint under TorchTitan's step name: torch_dist's side files (``metadata.json``,
+    ``common.pt``) or Megatron-LM's legacy ``mp_rank_*`` folders. (The reverse cannot be told by its
+    files: Megatron's ``fsdp_dtensor`` format is a plain DCP directory too; the resume shape check
+    names it.)"""
+    if any(child.is_dir() and child.name.startswith("mp_rank_") for child in path.iterdir()):
+        return f"{path} holds a Megatron-LM legacy checkpoint (mp_rank_* folders), not TorchTitan's"
+    if (path / "metadata.json").exists() or (path / "common.pt").exists():
+        return f"{path} holds a Megatron checkpoint (metadata.json, common.pt), not TorchTitan's"
+    return None
+
+
+def _admit_float8(module: ModuleConfig) -> None:
+    """A float8 converter this host cannot run stops the launch in one line (``float8.py``)."""
+    from primus.backends.torchtitan.float8 import admission_refusal
+    from primus.plan.target import host_target
+
+    target = host_target()
+    problem = admission_refusal(module.params, target)
+    if problem:
+        key, reason = problem
+        raise error_at(None, f"{module.prefix}.{key}", f"cannot run on {target.describe()} ({reason})")
 
 
 def build_tiny_sft_assets(root: Path, log: Callable[[str], None]) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 from primus.backends.torchtitan import hf_start
 from primus.backends.torchtitan.recipes.common import TorchTitanPlan, TorchTitanRecipe, build_tiny_sft_assets
 from primus.config.errors import ConfigError
-from primus.data.tiny_assets import tiny_assets_dir
+from primus.config.provenance import Provenance, error_at
+from primus.data.tiny_assets import built_by_prepare, tiny_assets_dir
 from primus.runtime.adapter import ModuleConfig
 
 
@@ -48,6 +49,22 @@ class TorchTitanSFT(TorchTitanRecipe):
             cfg.validator.dataloader = replace(loader, split="valid", infinite=cfg.validator.steps != -1)
             derived.append(("validator.dataloader", "the held-out instruction split", "stage sft"))
         return derived
+
+    def check_inputs(self, plan: TorchTitanPlan, provenance: Provenance | None = None) -> None:
+        """The instruction files exist (the common check) and hold training records: a folder without
+        them is said with what it holds."""
+        super().check_inputs(plan, provenance)
+        from primus.data.sft import jsonl_files, record_files
+
+        loader = plan.engine_config.dataloader
+        for key, read in (("dataset_path", jsonl_files), ("valid_dataset_path", record_files)):
+            path = getattr(loader, key, None)
+            if not path or built_by_prepare(Path(path).expanduser(), plan.module.params):
+                continue
+            try:
+                read(path)
+            except ConfigError as exc:
+                raise error_at(provenance, f"{plan.module.prefix}.dataloader.{key}", str(exc)) from None
 
     def build_tiny_assets(self, plan: TorchTitanPlan, root: Path, log: Callable[[str], None]) -> None:
         build_tiny_sft_assets(root, log)
