@@ -109,14 +109,14 @@ def admission_refusal(params: dict[str, Any], target: Target) -> tuple[str, str]
 
 
 def convert(model_config: Any, settings: Float8Settings, *, compile_enabled: bool) -> Any:
-    """The model config tree with TorchTitan's float8 converter applied, as ``model_registry`` does."""
-    from primus.backends.torchtitan.patches import apply_float8_patches
-
-    apply_float8_patches()
+    """The model config tree with TorchTitan's float8 converter applied, as ``model_registry`` does
+    (at plan time: no patch stays applied)."""
+    from primus.backends.torchtitan.patches import float8_converter_admitted
     from torchtitan.components.quantization.float8 import Float8LinearConverter
 
     config = Float8LinearConverter.Config(model_compile_enabled=compile_enabled, **settings.model_dump())
-    return config.build().convert(model_config)
+    with float8_converter_admitted():
+        return config.build().convert(model_config)
 
 
 def converted_linears(model_config: Any) -> int:

@@ -12,6 +12,7 @@ import os
 import sys
 import types
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
@@ -558,15 +559,35 @@ def float8_on_cpu() -> None:
         return
 
     def init_on_cpu(self, config) -> None:
-        gate = float8.has_cuda_capability
-        float8.has_cuda_capability = lambda major, minor: True  # this host's CPU: float8 _scaled_mm
-        try:
+        with _capability_gate_open(float8):
             original(self, config)
-        finally:
-            float8.has_cuda_capability = gate
 
     init_on_cpu._primus_patched = True
     float8.Float8LinearConverter.__init__ = init_on_cpu
+
+
+@contextmanager
+def _capability_gate_open(float8: types.ModuleType):
+    """The converter's capability check answers yes (this host's CPU: float8 ``_scaled_mm``), then as before."""
+    gate = float8.has_cuda_capability
+    float8.has_cuda_capability = lambda major, minor: True
+    try:
+        yield
+    finally:
+        float8.has_cuda_capability = gate
+
+
+@contextmanager
+def float8_converter_admitted():
+    """``float8_on_cpu`` for one conversion only, undone afterwards: a plan converts the model config
+    and leaves TorchTitan as it was (the run applies the patch itself, ``apply_float8_patches``)."""
+    import torchtitan.components.quantization.float8 as float8
+
+    if not _cpu_has_float8_scaled_mm():
+        yield
+        return
+    with _capability_gate_open(float8):
+        yield
 
 
 def cpu_scaled_mm_float8() -> bool:
