@@ -225,8 +225,9 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
                          stage: str = "pretrain"):
     """Return ``(Trainer.Config, ModelSpec, derived settings)``; raises ConfigError."""
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer
+
+    from primus.backends.torchtitan.data import PrimusTextDataLoader
 
     ctx = BuildContext(provenance, prefix)
     for key in non_finite_numbers(params):
@@ -240,7 +241,7 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
 
         cfg = Trainer.Config(dataloader=sft_dataloader_config())
     else:
-        cfg = Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())
+        cfg = Trainer.Config(dataloader=PrimusTextDataLoader.Config())
     cfg.model_spec, spec = _model(params, attn, ctx)
     if hasattr(cfg.model_spec.model, "_primus_hf_config"):  # transformers backend: its Config carries hf_model
         from primus.backends.torchtitan.hooks import PrimusHFTrainer, _as
