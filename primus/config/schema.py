@@ -64,6 +64,15 @@ class ModuleSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+class CheckpointOptions(BaseModel):
+    """``primus.checkpoint``: what a failed save does (every backend that saves through Primus's hooks)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fail_on_error: bool = Field(False, description="a save that fails (disk full, permission) stops the run; "
+                                                   "default: a WARNING, the previous checkpoint kept, training goes on")
+
+
 class PrimusOptions(BaseModel):
     """The ``primus:`` block of a module's params: Primus' own knobs, never handed to an engine."""
 
@@ -85,6 +94,7 @@ class PrimusOptions(BaseModel):
     mlflow_run_name: str | None = None
     mlflow_experiment_name: str | None = None
     save_last_checkpoint: bool = Field(True, description="save a checkpoint at the last step (Megatron)")
+    checkpoint: CheckpointOptions = Field(default_factory=CheckpointOptions)
     resume: Literal["auto", "always", "never"] | None = Field(
         None, description="resume policy when the command line names none (--resume / --no-resume)")
 

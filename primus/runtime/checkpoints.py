@@ -38,6 +38,7 @@ LAYOUTS = {"torchtitan": re.compile(r"^step-(\d+)$"), "megatron": re.compile(r"^
 LEGACY_RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")  # Megatron-LM's get_checkpoint_name
 LEGACY_FILES = ("model_optim_rng.pt", "distrib_optim.pt")
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+_OS_ERROR = re.compile(r"(?:\w*Error): \[Errno \d+\] [^\n]*")
 
 
 class UnusableCheckpoint(ConfigError):
@@ -183,3 +184,12 @@ def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None 
     for line in skipped:
         warn(f"checkpoint not usable, skipped: {line}; starting from scratch (nothing was deleted)")
     return None
+
+
+def save_failed_warning(what: str, exc: BaseException, removed: str, newest: str) -> str:
+    """The one WARNING line of a checkpoint save that failed while training went on (every backend):
+    the OS error inside the engine's exception (disk full, permission) when there is one."""
+    found = _OS_ERROR.findall(str(exc))
+    cause = found[-1].strip() if found else f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return (f"checkpoint at {what} was not saved ({cause}){removed}; training goes on and {newest} "
+            "(primus.checkpoint.fail_on_error: true stops the run instead)")

@@ -74,7 +74,8 @@ def train_worker(payload: dict[str, Any]) -> int:
     resume = bool(payload.get("resume")) or restarts > 0  # a restarted worker continues from its checkpoint
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                      logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install(),
-                     save_last_checkpoint=primus_opts.get("save_last_checkpoint", True))
+                     save_last_checkpoint=primus_opts.get("save_last_checkpoint", True),
+                     checkpoint_fail_on_error=(primus_opts.get("checkpoint") or {}).get("fail_on_error", False))
     # AMD Primus names (primus/compat): say what each became; fetch Hub tokenizers, models, data once
     announce(translations_of(section), logger.info, ctx.log_derived)
     try:

@@ -351,6 +351,10 @@ def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
         cfg.training.disable_cuda_graphs = True
         ctx.derived.append(("training.disable_cuda_graphs", True, "no CUDA on this host"))
     _derive_cpu_bf16(cfg, ctx)
+    if cfg.checkpoint.async_mode == "async_with_pinned_mem":
+        cfg.checkpoint.async_mode = "async"
+        ctx.derived.append(("checkpoint.async_mode", "async", "pinned host memory needs CUDA: DCP's threaded async "
+                            "save, which stages the state in CPU memory, overlaps the write the same way"))
     if cfg.optimizer.implementation in ("fused", "fused_opt_states_bf16"):
         cfg.optimizer.implementation = "foreach"
         ctx.derived.append(("optimizer.implementation", "foreach", "fused AdamW kernels are CUDA-only"))

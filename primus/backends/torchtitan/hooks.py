@@ -9,7 +9,9 @@ managers (the managers document ``_should_save`` as the hook to override). So:
   loss of the last pipeline stage, the MoE load balance and TorchTitan's own non-finite-loss stop
   made uniform (``steps.py``);
 - a stop request (SIGTERM) makes ``PrimusCheckpointManager`` save this step whatever the interval,
-  and ``PrimusTrainer.should_continue_training`` end the loop after it.
+  and ``PrimusTrainer.should_continue_training`` end the loop after it;
+- a save that fails (``checkpoint_failures.py``), at once or in the background (``async_mode``), is a
+  WARNING and training goes on, unless ``primus.checkpoint.fail_on_error``.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from torchtitan.components.checkpointer.dcp import CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
+from primus.backends.torchtitan.checkpoint_failures import SaveFailures
 from primus.backends.torchtitan.steps import ExpertLoad, engine_non_finite_loss, global_loss
 from primus.runtime.metrics import StepReport
 
@@ -50,9 +53,32 @@ class PrimusCheckpointManager(CheckpointManager):
         pass
 
     save_now = False  # set when a stop was requested: checkpoint this step whatever the interval
+    failures: SaveFailures | None = None  # Primus's policy for a failed save (set by PrimusTrainer.attach)
+    background_step: int | None = None  # the step an async save in flight is writing
 
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
         return super()._should_save(curr_step, last_step or self.save_now)
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        try:
+            saved = super()._save(curr_step, last_step)
+        except Exception as exc:  # DCP raises a failed write on every rank
+            if self.failures is None:
+                raise
+            self.failures.failed(curr_step, exc)
+            return False
+        if saved and self.save_future is not None:
+            self.background_step = curr_step
+        return saved
+
+    def _wait_for_saving(self) -> None:
+        try:
+            super()._wait_for_saving()
+        except Exception as exc:  # the background write failed (async_mode)
+            self.save_future = None
+            if self.failures is None:
+                raise
+            self.failures.failed(self.background_step, exc)
 
 
 class PrimusTrainer(Trainer):
@@ -67,6 +93,8 @@ class PrimusTrainer(Trainer):
     def attach(self, ctx: Any, flops_per_token: float | None) -> None:
         self.ctx, self.flops_per_token = ctx, flops_per_token
         self.expert_load = ExpertLoad(self.model_parts)
+        if isinstance(self.checkpointer, PrimusCheckpointManager) and self.checkpointer.enable:
+            self.checkpointer.failures = SaveFailures(self.checkpointer.folder, ctx)
 
     @property
     def tokens_per_step(self) -> int:
