@@ -5,6 +5,18 @@ import argparse
 import sys
 
 
+def node_count(text: str) -> int | tuple[int, int]:
+    """``-N 4`` or, elastic as torchrun's ``--nnodes``, ``-N 2:4``."""
+    low, sep, high = text.partition(":")
+    try:
+        counts = (int(low), int(high)) if sep else (int(text),)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a node count N or MIN:MAX, got '{text}'") from None
+    if min(counts) < 1 or (sep and counts[0] > counts[1]):
+        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got '{text}'")
+    return counts if sep else counts[0]
+
+
 def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     """Executor flags shared by ``train`` and ``preflight`` (they override the ``launcher:`` files)."""
     group = parser.add_argument_group("launcher", "override the launcher: section of ~/.primus.yaml and "
@@ -18,7 +30,9 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
                         help="run as a job step inside an existing Slurm allocation")
     group.add_argument("--launcher-config", metavar="FILE", help="project launcher file (default ./.primus.yaml)")
     group.add_argument("--nproc-per-node", type=int, help="processes on this node (env GPUS_PER_NODE, default 1)")
-    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=int, help="nodes in the job (env NNODES)")
+    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=node_count, metavar="N|MIN:MAX",
+                       help="nodes in the job (env NNODES); MIN:MAX with --max-restarts: after a node is lost, "
+                            "continue on the survivors (at least MIN) from the latest checkpoint")
     group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK, default 0)")
     group.add_argument("--master-addr", help="rendezvous host = node 0 (env MASTER_ADDR)")
     group.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT)")

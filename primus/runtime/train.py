@@ -86,8 +86,9 @@ def train_worker(payload: dict[str, Any]) -> int:
         reporter.close()
         return exc.exit_code
     if restarts and rank == 0:
-        RunDir(run_dir).record_restart(restarts)
-        logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint", restarts)
+        before = RunDir(run_dir).record_restart(restarts, world_size)
+        fewer = f" on {world_size} ranks (was {before}: elastic, a node was lost)" if before and before != world_size else ""
+        logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint%s", restarts, fewer)
     module = ModuleConfig(name=module_name, framework=section["framework"],
                           stage=adapter.canonical_stage(section["stage"]), params=params)
     logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),
