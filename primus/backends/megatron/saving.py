@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from primus.runtime.checkpoints import save_errors
+
 
 class SaveFailed(RuntimeError):
     """A checkpoint save failed on at least one rank; raised on every rank."""
@@ -34,7 +36,7 @@ def agree(action: Callable[[], object] | None, what: str) -> None:
     if action is not None:
         try:
             action()
-        except Exception as exc:  # noqa: BLE001 - any failure of a save step: every rank must hear of it
+        except save_errors() as exc:  # any failure of a save step: every rank must hear of it
             error = f"{what}: {type(exc).__name__}: {exc}"
     errors = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
@@ -77,7 +79,7 @@ class CheckpointSaver:
             request = save_checkpoint(self.root, self.model, self.optimizer, self.scheduler, self.args,
                                       iteration=iteration, consumed_samples=consumed_samples,
                                       async_save=self.queue is not None)
-        except Exception as exc:
+        except save_errors() as exc:
             self._failed(iteration, exc)
             return
         if request is None:
@@ -94,7 +96,7 @@ class CheckpointSaver:
         iteration, started = self.pending
         try:
             done = self.queue.maybe_finalize_async_calls(blocking=blocking)
-        except Exception as exc:
+        except save_errors() as exc:
             self.pending = None
             self._failed(iteration, exc)
             return
@@ -117,18 +119,21 @@ class CheckpointSaver:
                                     self.pending[0])
         self.queue.close(abort=self.pending is not None)
 
-    def _failed(self, iteration: int, exc: Exception) -> None:
-        if self.fail_on_error or not _is_save_error(exc):
+    def _failed(self, iteration: int, exc: BaseException) -> None:
+        if not _is_save_error(exc):
             raise exc
         import torch.distributed as dist
 
         from primus.backends.megatron.checkpoint import iteration_dir, latest_iteration
-        from primus.runtime.checkpoints import save_failed_warning
+        from primus.runtime.checkpoints import save_failed_warning, save_failure_cause
 
+        cause = save_failure_cause(exc, self.root)
+        if self.fail_on_error:
+            raise SaveFailed(f"checkpoint at iteration {iteration} was not saved ({cause})") from exc
         partial, kept = iteration_dir(self.root, iteration), latest_iteration(self.root)
         removed = ""
         if dist.get_rank() == 0 and partial.exists() and kept != iteration:
             shutil.rmtree(partial, ignore_errors=True)
             removed = f"; removed the partial {partial}" if not partial.exists() else f"; could not remove {partial}"
         newest = f"the newest checkpoint is {iteration_dir(self.root, kept)}" if kept else "no checkpoint has been saved yet"
-        self.ctx.logger.warning(save_failed_warning(f"iteration {iteration}", exc, removed, newest))
+        self.ctx.logger.warning(save_failed_warning(f"iteration {iteration}", cause, removed, newest))

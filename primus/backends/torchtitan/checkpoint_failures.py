@@ -23,14 +23,15 @@ class SaveFailures:
     def __init__(self, folder: str | Path, ctx: Any):
         self.folder, self.ctx = Path(folder), ctx
 
-    def failed(self, step: int | None, exc: Exception) -> None:
+    def failed(self, step: int | None, exc: BaseException) -> None:
         """Re-raise ``exc`` when the run must stop; else clean up and warn (on every rank)."""
         if self.ctx.checkpoint_fail_on_error or not is_save_error(exc):
             raise exc
         import torch.distributed as dist
 
-        from primus.runtime.checkpoints import checkpoints_in, save_failed_warning
+        from primus.runtime.checkpoints import checkpoints_in, save_failed_warning, save_failure_cause
 
+        cause = save_failure_cause(exc, self.folder)
         partial = self.folder / f"step-{step}"
         removed = ""
         if (not dist.is_initialized() or dist.get_rank() == 0) and partial.is_dir() \
@@ -39,4 +40,4 @@ class SaveFailures:
             removed = f"; removed the partial {partial}" if not partial.exists() else f"; could not remove {partial}"
         kept = [path for _, path in checkpoints_in(self.folder, "torchtitan") if (path / ".metadata").exists()]
         newest = f"the newest checkpoint is {kept[0]}" if kept else "no checkpoint has been saved yet"
-        self.ctx.logger.warning(save_failed_warning(f"step {step}", exc, removed, newest))
+        self.ctx.logger.warning(save_failed_warning(f"step {step}", cause, removed, newest))

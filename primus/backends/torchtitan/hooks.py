@@ -33,6 +33,7 @@ from torchtitan.trainer import Trainer
 from primus.backends.torchtitan.checkpoint_failures import SaveFailures
 from primus.backends.torchtitan.steps import ExpertLoad, engine_non_finite_loss, global_loss
 from primus.runtime.checkpoints import check_model_matches, gathered
+from primus.runtime.checkpoints import save_errors
 from primus.runtime.metrics import StepReport
 from primus.runtime.phases import timed_iterator
 
@@ -81,7 +82,7 @@ class PrimusCheckpointManager(CheckpointManager):
         with self.timing:
             try:
                 saved = super()._save(curr_step, last_step)
-            except Exception as exc:  # DCP raises a failed write on every rank
+            except save_errors() as exc:  # DCP raises a failed write on every rank
                 if self.failures is None:
                     raise
                 self.failures.failed(curr_step, exc)
@@ -93,7 +94,7 @@ class PrimusCheckpointManager(CheckpointManager):
     def _wait_for_saving(self) -> None:
         try:
             super()._wait_for_saving()
-        except Exception as exc:  # the background write failed (async_mode)
+        except save_errors() as exc:  # the background write failed (async_mode)
             self.save_future = None
             if self.failures is None:
                 raise
