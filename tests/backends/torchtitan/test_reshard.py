@@ -1,8 +1,12 @@
 """Resume a TorchTitan checkpoint at another layout: DCP reshards the model and optimizer (FSDP over
-2 ranks -> 1 rank, TP2 -> FSDP2, FSDP2 -> TP2), and ``dataloader.reshardable`` gives every
-data-parallel degree one data order and one data position, so the first step after the resume has
-the loss the uninterrupted run had at that step (fp32, 1e-5). TorchTitan's own per-rank data
-positions at another degree are refused before any rank starts, in one line.
+2 ranks -> 1 rank and back, replicated DP -> FSDP, TP2 -> FSDP2, FSDP2 -> TP2), and
+``dataloader.reshardable`` gives every data-parallel degree one data order and one data position, so
+the first step after the resume has the loss the uninterrupted run had at that step (fp32): within
+1e-5 where the two layouts compute a step alike (data parallelism of any kind), within 1e-4 across
+tensor parallelism, whose vocab-parallel loss and split matmuls move even an uninterrupted run's first
+loss by ~4e-5 (measured: TP2 6.8595576 vs FSDP2 6.8595943 at step 1, same weights and data), while a
+resume at the same layout reproduces the step exactly. TorchTitan's own per-rank data positions at
+another degree are refused before any rank starts, in one line.
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ LAYOUTS = {  # name -> (ranks, parallelism, data-parallel degree)
     "one": (1, {}, 1),
     "fsdp2": (2, {"data_parallel_shard_degree": -1}, 2),
     "tp2": (2, {"data_parallel_shard_degree": 1, "tensor_parallel_degree": 2}, 1),
+    "ddp2": (2, {"data_parallel_replicate_degree": 2, "data_parallel_shard_degree": 1}, 2),
 }
+DATA_PARALLEL, ACROSS_TP = 1e-5, 1e-4  # the next step's loss: see the module's docstring
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +78,17 @@ def runs(assets, tmp_path_factory):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("source, target", [("fsdp2", "one"), ("tp2", "fsdp2"), ("fsdp2", "tp2")])
-def test_the_next_step_after_a_resharded_resume_is_the_uninterrupted_step(runs, source, target):
+@pytest.mark.parametrize("source, target, tolerance", [
+    ("fsdp2", "one", DATA_PARALLEL), ("one", "fsdp2", DATA_PARALLEL), ("ddp2", "fsdp2", DATA_PARALLEL),
+    ("tp2", "fsdp2", ACROSS_TP), ("fsdp2", "tp2", ACROSS_TP)])
+def test_the_next_step_after_a_resharded_resume_is_the_uninterrupted_step(runs, source, target, tolerance):
     full = runs(source, source)
     resumed = runs(f"{source}_to_{target}", target, resume_from=source)
     assert [r["step"] for r in resumed] == list(range(SAVE + 1, STEPS + 1))
-    assert resumed[0]["loss"] == pytest.approx(full[SAVE]["loss"], abs=1e-5)  # same weights, moments and data
-    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in full[SAVE:]], abs=1e-4)
+    # same weights, moments and data
+    assert resumed[0]["loss"] == pytest.approx(full[SAVE]["loss"], abs=tolerance)
+    # and the steps after it (each step adds the layouts' difference)
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in full[SAVE:]], abs=10 * tolerance)
 
 
 @pytest.mark.e2e
