@@ -164,8 +164,7 @@ def test_a_save_on_a_full_disk_is_a_warning_and_training_goes_on(run_primus, sma
     assert f"the newest checkpoint is {run_dir / 'checkpoints' / 'step-2'}" in line
     assert (run_dir / "checkpoints" / "step-2" / ".metadata").exists()
     assert not (run_dir / "checkpoints" / "step-4").exists()
-    steps = [json.loads(row)["step"] for row in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]
 
 
 def test_disk_full_with_fail_on_error_fails_clearly_and_keeps_the_previous_checkpoint(run_primus, small_disk, tmp_path):
