@@ -29,7 +29,9 @@ AMD_TOKENIZER_TYPES = frozenset({
 
 
 def _tokenizer_type(value: Any, ctx, key: str) -> None:
-    if value not in AMD_TOKENIZER_TYPES:
+    # Llama2Tokenizer is Megatron-LM's own type too: a sentencepiece ``.model`` file keeps Megatron-LM's meaning
+    megatron_lm = value == "Llama2Tokenizer" and str(ctx.get("tokenizer_model") or "").endswith(".model")
+    if value not in AMD_TOKENIZER_TYPES or megatron_lm:
         ctx.params[key] = value  # a Megatron-LM type: the Megatron table checks it
         return
     ctx.set(key, "HuggingFaceTokenizer", key, f"AMD Primus's {value} is HuggingFaceTokenizer on "

@@ -63,12 +63,18 @@ def _recompute_fqns(value: Any, ctx, key: str) -> None:
     ctx.set(key, value, "activation_checkpoint.force_recompute_mm_shapes_by_fqns", TT02)
 
 
+CONVERTER_FEATURES = {"float8": "torchtitan.float8", "mx": "torchtitan.mx"}
+
+
 def _converters(value: Any, ctx, key: str) -> None:
     names = [value] if isinstance(value, str) else list(value or [])
     precision = [n for n in names if n != "primus_turbo"]
     if precision:
+        # float8 / mx are TorchTitan's own converters: admitted per target (primus.runtime.capabilities)
+        features = {CONVERTER_FEATURES.get(name) for name in precision}
+        feature = features.pop() if len(features) == 1 else None
         ctx.note(key, value, f"model converters {', '.join(precision)} (low-precision training) are not wired "
-                             f"to TorchTitan 0.3.0's converters here", kind="refuse_at_run")
+                             f"to TorchTitan 0.3.0's converters here", kind="refuse_at_run", feature=feature)
     elif names:
         ctx.note(key, value, f"{TURBO} (model converter)", kind="kernel")
     else:

@@ -271,29 +271,56 @@ def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
     ]
 
 
-def build_optimizer(args: MegatronArgs, chunks: list):
-    """megatron-core's optimizer, its OptimizerConfig filled by field name as Megatron-LM's setup does."""
+def optimizer_config(args: MegatronArgs):
+    """megatron-core's OptimizerConfig filled by field name as Megatron-LM's setup does (the precision-aware
+    optimizer's dtypes as torch dtypes)."""
     import dataclasses
 
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import OptimizerConfig
 
     from primus.backends.megatron.support import IMPLEMENTED
 
     names = {f.name for f in dataclasses.fields(OptimizerConfig)}
     kw = {key: getattr(args, key) for key, where in IMPLEMENTED.items() if where == "OptimizerConfig" and key in names}
-    config = OptimizerConfig(**kw, bf16=args.bf16, fp16=args.fp16, params_dtype=params_dtype(args))
-    return get_megatron_optimizer(config, chunks)
+    kw.update({key: torch_dtype(kw[key]) for key in OPTIMIZER_DTYPES if key in kw})
+    return OptimizerConfig(**kw, bf16=args.bf16, fp16=args.fp16, params_dtype=params_dtype(args))
+
+
+def build_optimizer(args: MegatronArgs, chunks: list):
+    """megatron-core's optimizer for the model chunks."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    return get_megatron_optimizer(optimizer_config(args), chunks)
+
+
+# The precision-aware optimizer's dtypes, Megatron-LM strings that megatron-core's OptimizerConfig takes as torch dtypes.
+OPTIMIZER_DTYPES = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+
+
+def torch_dtype(name: Any):
+    """Megatron-LM's ``map_dtype`` (arguments.py, d3528a2): fp8 state is kept as uint8."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}[name]
 
 
 def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):
-    """Megatron-LM's ``get_optimizer_param_scheduler`` for iteration-based training (steps in samples)."""
+    """Megatron-LM's ``get_optimizer_param_scheduler`` (steps in samples), iteration- or sample-based."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    decay_steps = (args.lr_decay_iters or args.train_iters) * global_batch_size
+    if args.train_samples:  # sample-based training: the schedule is in samples (Megatron-LM)
+        decay_steps = args.lr_decay_samples or args.train_samples
+        warmup_steps = args.lr_warmup_samples
+        wd_incr_steps, wsd_decay_steps = args.train_samples, args.lr_wsd_decay_samples
+    else:
+        decay_steps = (args.lr_decay_iters or args.train_iters) * global_batch_size
+        warmup_steps = args.lr_warmup_iters * global_batch_size
+        wd_incr_steps = args.train_iters * global_batch_size
+        wsd_decay_steps = args.lr_wsd_decay_iters * global_batch_size if args.lr_wsd_decay_iters else None
     if args.lr_warmup_fraction is not None:
         warmup_steps = args.lr_warmup_fraction * decay_steps
-    else:
-        warmup_steps = args.lr_warmup_iters * global_batch_size
     return OptimizerParamScheduler(
         optimizer,
         init_lr=args.lr_warmup_init,
@@ -304,10 +331,10 @@ def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):
         lr_decay_style=args.lr_decay_style,
         start_wd=args.start_weight_decay,
         end_wd=args.end_weight_decay,
-        wd_incr_steps=args.train_iters * global_batch_size,
+        wd_incr_steps=wd_incr_steps,
         wd_incr_style=args.weight_decay_incr_style,
         use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
         override_opt_param_scheduler=args.override_opt_param_scheduler,
-        wsd_decay_steps=args.lr_wsd_decay_iters * global_batch_size if args.lr_wsd_decay_iters else None,
+        wsd_decay_steps=wsd_decay_steps,
         lr_wsd_decay_style=args.lr_wsd_decay_style,
     )

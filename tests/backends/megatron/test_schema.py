@@ -217,31 +217,6 @@ def test_implemented_config_fields_exist_in_the_installed_megatron_core():
             assert dest in optimizer_fields, dest
 
 
-def test_refused_values_pass_validation_and_stop_the_run():
-    args = parse_args(params(fp8="e4m3"))  # config validate / dry-run: a valid Megatron-LM file
-    with pytest.raises(ConfigError) as exc:
-        support.run_time_notes(args, args.given)
-    message = str(exc.value)
-    assert "\n" not in message and message.startswith("modules.pre_trainer.fp8: 'e4m3' cannot be honoured here")
-    assert "Transformer Engine" in message
-
-
-def test_unsupported_value_of_an_implemented_argument_is_refused_at_run_time():
-    args = parse_args(params(optimizer="muon"))
-    with pytest.raises(ConfigError, match="modules.pre_trainer.optimizer: 'muon' cannot be run here"):
-        support.run_time_notes(args, args.given)
-
-
-def test_kernel_only_arguments_are_said_never_silent():
-    args = parse_args(params(use_flash_attn=True, overlap_p2p_comm=False, wandb_project="x", async_save=True))
-    notes = {key: reason for key, _, reason in support.run_time_notes(args, args.given)}
-    assert set(notes) == {"use_flash_attn", "overlap_p2p_comm", "wandb_project", "async_save"}
-    assert all(reason.startswith("accepted, no effect here: ") for reason in notes.values())
-    # a value equal to Megatron-LM's default says nothing
-    args = parse_args(params(use_flash_attn=False))
-    assert support.run_time_notes(args, args.given) == []
-
-
 # ---------------------------------------------------------------- recompute_num_layers: 0 (AMD's mixtral 8x22B)
 
 def test_block_recompute_of_zero_layers_is_accepted_as_megatron_lm_does():
