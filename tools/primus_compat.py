@@ -24,6 +24,7 @@ import argparse
 import collections
 import contextlib
 import io
+import json
 import os
 import re
 import subprocess
@@ -105,8 +106,8 @@ def expected_refusal(framework: str, model: str) -> str | None:
     return framework_reason(framework) or model_reason(framework, model)
 
 
-def _primus(argv: list[str]) -> tuple[int, str]:
-    """``primus ARGV`` in this process; (exit status, first line of its error)."""
+def _primus(argv: list[str]) -> tuple[int, str, str]:
+    """``primus ARGV`` in this process; (exit status, first line of its error, its output)."""
     from primus.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -116,27 +117,41 @@ def _primus(argv: list[str]) -> tuple[int, str]:
     except SystemExit as exc:  # argparse
         code = int(exc.code or 0)
     except Exception as exc:  # a Primus bug, not a user error: the report says so
-        return 99, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (traceback: a Primus bug)"
+        return 99, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (traceback: a Primus bug)", ""
     lines = [line for line in err.getvalue().splitlines() if line.strip()]
     error = next((line for line in lines if line.startswith("primus: error:")), lines[-1] if lines else "")
-    return code, error.removeprefix("primus: error: ")
+    return code, error.removeprefix("primus: error: "), out.getvalue()
 
 
 def _steps(path: str, device: str, nodes: int = 1) -> list[tuple[str, list[str]]]:
     node_flags = ["-N", str(nodes), "--master-addr", "node0"] if nodes > 1 else []
     nodes_flag = ["-N", str(nodes)] if nodes > 1 else []
     return [("validate", ["config", "validate", path, "--device", device]),
-            ("plan", ["plan", path, "--nproc-per-node", "8", *nodes_flag, "--device", device]),
+            ("plan", ["plan", path, "--nproc-per-node", "8", *nodes_flag, "--device", device, "--json"]),
             ("dry-run", ["train", path, "--dry-run", "--nproc-per-node", "8", *node_flags, "--device", device])]
 
 
 def _run_steps(path: str, device: str, nodes: int = 1) -> tuple[str | None, int, str]:
     """(the step that failed or None, its exit status, its first error line)."""
     for name, argv in _steps(path, device, nodes):
-        code, error = _primus(argv)
+        code, error, out = _primus(argv)
+        if name == "plan" and code == 1:  # the plan's memory verdict is not admission: only a layout error fails
+            error = _plan_failure(out)
+            code = 1 if error else 0
         if code != 0:
             return name, code, error
     return None, 0, ""
+
+
+def _plan_failure(out: str) -> str:
+    """The first layout problem or refusal of a ``plan --json`` that exited 1 ('' when it only does not fit)."""
+    try:
+        plan = json.loads(out)
+    except ValueError:
+        return out.strip().splitlines()[0] if out.strip() else "plan exited 1"
+    refusals = (plan.get("admission") or {}).get("refusals") or []
+    problems = [p["message"] for p in plan.get("problems", []) if p.get("level") == "fail"]
+    return (refusals or problems or [""])[0]
 
 
 def admission_refusals(path: Path, device: str) -> tuple[tuple[str, str], ...]:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from primus.runtime.adapter import BackendAdapter, EnginePlan
 
 Kind = Literal["cpu", "cuda", "rocm"]
+UNKNOWN_SOURCE = "the resolved config"  # what Provenance.describe says of a key no layer set
 SOFTWARE = {"rocm": "ROCm", "cuda": "CUDA"}
 
 
@@ -174,5 +175,5 @@ def admit(adapter: "BackendAdapter", plan: "EnginePlan", target: Target, transla
                                     translation.where))
     for item in adapter.admit(plan, target):
         where = item.where or (provenance.describe(f"modules.{module}.{item.key}") if provenance is not None else "")
-        refusals.append(Refusal(item.key, item.value, item.message, where or ""))
+        refusals.append(Refusal(item.key, item.value, item.message, "" if where == UNKNOWN_SOURCE else where))
     return Admission(target, module, refusals)

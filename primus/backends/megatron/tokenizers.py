@@ -3,7 +3,7 @@
 | ``tokenizer_type`` | files | built with |
 |---|---|---|
 | ``HuggingFaceTokenizer`` | ``tokenizer_model``: a folder with ``tokenizer.json`` (or the file) | ``tokenizers`` |
-| ``GPT2BPETokenizer`` | ``vocab_file`` (GPT-2's ``vocab.json``) + ``merge_file`` (``merges.txt``) | transformers' GPT-2 BPE |
+| ``GPT2BPETokenizer`` | ``vocab_file`` (GPT-2's ``vocab.json``) + ``merge_file`` (``merges.txt``) | ``tokenizers``' byte-level BPE |
 | ``Llama2Tokenizer``, ``SentencePieceTokenizer``, ``GPTSentencePieceTokenizer`` | ``tokenizer_model``: a sentencepiece ``.model`` | megatron-core's SentencePieceTokenizer |
 | ``TikTokenizer`` | ``tokenizer_model``: a tiktoken vocabulary ``.json`` | megatron-core's TikTokenTokenizer |
 | ``NullTokenizer`` | none (``vocab_size``) | here |
@@ -114,9 +114,9 @@ class GPT2BPETokenizer:
     """GPT-2's byte-level BPE from ``vocab.json`` + ``merges.txt`` (Megatron-LM's ``--vocab-file`` / ``--merge-file``)."""
 
     def __init__(self, vocab_file: str, merge_file: str):
-        from transformers import GPT2TokenizerFast
+        from tokenizers import ByteLevelBPETokenizer
 
-        self._tokenizer = GPT2TokenizerFast(vocab_file=vocab_file, merges_file=merge_file)
+        self._tokenizer = ByteLevelBPETokenizer(vocab_file, merge_file)  # GPT-2's byte-level BPE, no prefix space
         vocab = self._tokenizer.get_vocab()
         self.vocab_size = len(vocab)
         if "<|endoftext|>" not in vocab:
@@ -125,7 +125,7 @@ class GPT2BPETokenizer:
         self.unique_identifiers = {"class": type(self).__name__, "tokenizer_path": [vocab_file, merge_file]}
 
     def tokenize(self, text: str) -> list[int]:
-        return self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._tokenizer.encode(text).ids
 
 
 class NullTokenizer:
