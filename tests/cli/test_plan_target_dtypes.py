@@ -1,0 +1,39 @@
+"""A plan for a named device uses that device's dtypes, never this host's CPU's: the host-CPU bf16 rule
+(``PRIMUS_CPU_BF16``, ``cpu_bf16_decision``) applies only to a run on a CPU."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from primus.runtime.admission import local_target
+from tests.conftest import ROOT
+from tests.helpers import cli_in_process
+
+EXAMPLES = [ROOT / "examples" / "megatron" / "configs" / "llama3.1_8B-pretrain.yaml",
+            ROOT / "examples" / "torchtitan" / "llama3.1_8B-pretrain.yaml",
+            ROOT / "examples" / "nemo_automodel" / "configs" / "MI355X" / "diffusion" / "wan2_2_t2v_a14b-pretrain.yaml"]
+
+
+def plan(example, mode: str, *flags) -> str:
+    result = cli_in_process("plan", example, "--nproc-per-node", "8", *flags,
+                            env={**os.environ, "PRIMUS_CPU_BF16": mode})
+    assert result.returncode in (0, 1), result.stderr  # 1: does not fit (a verdict, not an error)
+    return result.stdout
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_plan_for_mi355x_prints_the_same_bytes_whatever_the_cpu_decides(example, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with_bf16, without = plan(example, "force", "--device", "mi355x"), plan(example, "off", "--device", "mi355x")
+    assert with_bf16 == without
+    assert "mi355x (not on this host: assumed" in without
+    if local_target().gpu:
+        pytest.skip("this host has a GPU: its own plans do not read the CPU's bf16 either")
+    # the rule is real: the same plan for this CPU changes with the decision (bf16 halves the weights)
+    assert plan(example, "force") != plan(example, "off")
+
+
+def test_the_blog_plan_for_mi355x_holds_bf16_weights():
+    out = plan(EXAMPLES[0], "off", "--device", "mi355x")
+    assert "  weights            14.96" in out  # 8.03e9 parameters x 2 bytes, not the 29.92 of fp32
