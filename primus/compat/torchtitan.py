@@ -71,7 +71,8 @@ def _converters(value: Any, ctx, key: str) -> None:
     precision = [n for n in names if n != "primus_turbo"]
     if precision:
         # float8 / mx are TorchTitan's own converters: admitted per target (primus.runtime.capabilities)
-        features = {CONVERTER_FEATURES.get(name) for name in precision}
+        features = {next((row for kind, row in CONVERTER_FEATURES.items() if kind in name.split(".")[-1]), None)
+                    for name in precision}  # "float8", AMD's "quantize.linear.float8", "mx", "quantize.grouped_mm.mx"
         feature = features.pop() if len(features) == 1 else None
         ctx.note(key, value, f"model converters {', '.join(precision)} (low-precision training) are not wired "
                              f"to TorchTitan 0.3.0's converters here", kind="refuse_at_run", feature=feature)
@@ -83,8 +84,8 @@ def _converters(value: Any, ctx, key: str) -> None:
 
 def _mock_data(value: Any, ctx, key: str) -> None:
     if value:
-        ctx.note(key, value, "TorchTitan 0.3.0 has no mock dataset: point dataloader.dataset / dataset_path at "
-                             "data (or primus.tiny_assets for the tiny local corpus)", kind="refuse_at_run")
+        ctx.set(key, "mock", "dataloader.dataset", "AMD Primus's mock data: its random-integer text samples, as "
+                                                   "TorchTitan dataset 'mock' (primus/backends/torchtitan/mock_data.py)")
     else:
         ctx.note(key, value, "data comes from dataloader.dataset")
 

@@ -37,12 +37,21 @@ def use_transformer_engine(args: MegatronArgs, on_gpu: bool, derived: Derived | 
     CPU) megatron-core's local spec builds the same layers, and a derived line says so."""
     available = on_gpu and importlib.util.find_spec("transformer_engine") is not None
     use = args.transformer_impl == "transformer_engine" and available
+    reason = ("Transformer Engine on GPU" if use else f"transformer_impl: {args.transformer_impl}"
+              if args.transformer_impl == "local" else
+              "no GPU / Transformer Engine here: megatron-core's local layer spec (same math)")
+    if use and args.softmax_type != "vanilla" and not _te_at_least("2.8.0"):
+        use, reason = False, (f"softmax_type: {args.softmax_type} needs Transformer Engine >= 2.8 (megatron-core); "
+                              "megatron-core's local attention computes the same sinks")
     if derived is not None:
-        reason = ("Transformer Engine on GPU" if use else f"transformer_impl: {args.transformer_impl}"
-                  if args.transformer_impl == "local" else
-                  "no GPU / Transformer Engine here: megatron-core's local layer spec (same math)")
         derived.set("transformer_impl", "transformer_engine" if use else "local", reason)
     return use
+
+
+def _te_at_least(version: str) -> bool:
+    from megatron.core.utils import is_te_min_version
+
+    return is_te_min_version(version)
 
 
 def params_dtype(args: MegatronArgs):

@@ -39,6 +39,8 @@ IMPLEMENTED: dict[str, str] = {
         "recompute_granularity", "recompute_method", "recompute_num_layers", "distribute_saved_activations",
         "recompute_modules", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
         "microbatch_group_size_per_vp_stage", "clone_scatter_output_in_embedding", "calculate_per_token_loss",
+        # attention sinks (gpt-oss) and sliding windows: megatron-core's DotProductAttention (and TE's)
+        "softmax_type", "window_size", "window_attn_skip_freq",
         # MoE
         "moe_layer_freq", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
         "moe_router_topk", "moe_router_num_groups", "moe_router_group_topk", "moe_router_pre_softmax",
@@ -196,9 +198,9 @@ REFUSED: dict[str, str] = {
         "fake_process_group", "dist_ckpt_optim_fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient",
     ), _LAYOUT),
     **dict.fromkeys((
-        "experimental_attention_variant", "softmax_type", "qk_l2_norm", "qk_clip", "qk_clip_alpha",
+        "experimental_attention_variant", "qk_l2_norm", "qk_clip", "qk_clip_alpha",
         "qk_clip_threshold", "attention_output_gate", "glu_linear_offset", "activation_func_clamp_value",
-        "window_size", "window_attn_skip_freq", "no_rope_freq", "is_hybrid_model", "use_mamba_mem_eff_path",
+        "no_rope_freq", "is_hybrid_model", "use_mamba_mem_eff_path",
         "mrope_section", "moe_latent_size", "moe_enable_routing_replay", "moe_use_upcycling",
         "moe_upcycling_granularity", "moe_enable_deepep", "mtp_standalone", "mtp_use_repeated_layer",
         "mtp_hybrid_override_pattern", "spec", "hybrid_layer_pattern",

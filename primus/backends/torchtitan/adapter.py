@@ -47,6 +47,9 @@ def register_local_datasets() -> None:
     DATASETS.setdefault("text", DatasetConfig(
         path="", sample_processor=lambda sample: sample["text"],
         loader=lambda path: load_dataset("text", data_files=files(path, "*.txt"), split="train")))
+    from primus.backends.torchtitan import mock_data
+
+    mock_data.register(DATASETS)  # AMD Primus's training.mock_data
 
 
 class TorchTitanAdapter(BackendAdapter):
@@ -120,7 +123,7 @@ class TorchTitanAdapter(BackendAdapter):
         cfg, prefix = plan.engine_config, f"modules.{module.name}"
         # a Hub id (meta-llama/Llama-3.1-8B) is fetched when the run starts (primus/compat/hub.py)
         checks = [] if is_hub_id(cfg.hf_assets_path) else [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
-        if getattr(cfg.dataloader, "dataset_path", None):
+        if getattr(cfg.dataloader, "dataset_path", None) and getattr(cfg.dataloader, "dataset", None) != "mock":
             checks.append(("dataloader.dataset_path", Path(cfg.dataloader.dataset_path)))
         for key, path in checks:
             if not path.exists():
