@@ -34,3 +34,14 @@ def run_megatron(run_dir: Path, params: dict, nproc: int = 1, resume: bool = Fal
                                  env={"PYTHONWARNINGS": "ignore"})
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return read_metrics(run_dir)
+
+
+def write_gpt2_bpe(root: Path, texts: list[str], vocab_size: int) -> tuple[Path, Path]:
+    """GPT-2-format ``vocab.json`` + ``merges.txt`` of a byte-level BPE trained on ``texts`` (Megatron-LM's
+    ``--vocab-file`` / ``--merge-file``), with GPT-2's end-of-document token."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=1, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(root))
+    return root / "vocab.json", root / "merges.txt"

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from tests.backends.megatron.conftest import REPO, run_megatron
+from tests.backends.megatron.conftest import REPO, run_megatron, write_gpt2_bpe
 from tests.helpers import read_metrics, train_with_torchrun
 
 pytest.importorskip("megatron.core")
@@ -23,15 +23,11 @@ def gpt2_data(tmp_path_factory):
     """GPT-2 BPE files and a .bin/.idx corpus tokenized with them (Megatron-LM's preprocess_data output)."""
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    from tokenizers import ByteLevelBPETokenizer
 
     from primus.backends.megatron.tokenizers import GPT2BPETokenizer
 
     root = tmp_path_factory.mktemp("gpt2_data")
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(TEXT, vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"])
-    bpe.save_model(str(root))
-    tokenizer = GPT2BPETokenizer(str(root / "vocab.json"), str(root / "merges.txt"))
+    tokenizer = GPT2BPETokenizer(*map(str, write_gpt2_bpe(root, TEXT, vocab_size=320)))
     builder = IndexedDatasetBuilder(str(root / "corpus_text_document.bin"), dtype=__import__("numpy").uint16)
     for text in TEXT:
         builder.add_item(torch.tensor(tokenizer.tokenize(text) + [tokenizer.eod], dtype=torch.int64))

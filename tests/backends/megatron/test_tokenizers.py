@@ -10,6 +10,7 @@ import pytest
 from primus.backends.megatron.arguments import parse_args
 from primus.backends.megatron.tokenizers import build_tokenizer, files_of, plan_vocab
 from primus.config.errors import ConfigError
+from tests.backends.megatron.conftest import write_gpt2_bpe
 
 TEXT = ["the quick brown fox jumps over the lazy dog", "a tiny corpus for a tiny tokenizer",
         "megatron reads local tokenizer files", "the dog sleeps; the fox runs"] * 8
@@ -23,13 +24,7 @@ def args_of(**tokenizer):
 
 @pytest.fixture(scope="module")
 def gpt2_files(tmp_path_factory):
-    from tokenizers import ByteLevelBPETokenizer
-
-    root = tmp_path_factory.mktemp("gpt2")
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(TEXT, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
-    bpe.save_model(str(root))
-    return root / "vocab.json", root / "merges.txt"
+    return write_gpt2_bpe(tmp_path_factory.mktemp("gpt2"), TEXT, vocab_size=300)
 
 
 def test_gpt2_bpe_reads_vocab_and_merges(gpt2_files):
