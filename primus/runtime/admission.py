@@ -61,7 +61,7 @@ class Target:
 
     def describe(self) -> str:
         if not self.gpu:
-            return f"{self.name} (CPU, {'bf16 units' if self.bf16 else 'no bf16 units'})"
+            return f"{self.name} (this host's CPU)"
         if not self.present:
             return f"{self.name} ({self.assumption()})"
         return f"{self.name} ({SOFTWARE[self.kind]}, Transformer Engine {self.transformer_engine})"

@@ -37,3 +37,24 @@ def test_plan_for_mi355x_prints_the_same_bytes_whatever_the_cpu_decides(example,
 def test_the_blog_plan_for_mi355x_holds_bf16_weights():
     out = plan(EXAMPLES[0], "off", "--device", "mi355x")
     assert "  weights            14.96" in out  # 8.03e9 parameters x 2 bytes, not the 29.92 of fp32
+
+
+@pytest.mark.parametrize("argv", [("config", "validate"), ("plan",), ("train", "--dry-run")])
+def test_an_unknown_device_is_exit_2_and_one_line(argv, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    result = cli_in_process(argv[0], *argv[1:], EXAMPLES[0], "--device", "mi350x")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("primus: error:") and "mi350x" in errors[0]
+
+
+def test_a_launch_for_a_device_this_host_lacks_is_one_line_and_writes_nothing(monkeypatch, tmp_path):
+    if local_target().name == "mi355x":
+        pytest.skip("this host is an MI355X")
+    monkeypatch.chdir(tmp_path)
+    result = cli_in_process("train", EXAMPLES[0], "--device", "mi355x", f"workspace={tmp_path / 'out'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"primus: error: --device mi355x: this host has no mi355x ({local_target().name} here); --device names the "
+        "target of config validate, plan and train --dry-run, a launch runs on the device it is started on"]
+    assert not (tmp_path / "out").exists()
