@@ -282,6 +282,16 @@ def report(results: list[Result], checkout: Path, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _why(message: str) -> str:
+    """A refusal's reason without the value and the target: what the table by key says once per key."""
+    if re.search(r"cannot be (honoured|run) on ", message):
+        text = re.sub(r"^.*?cannot be (honoured|run) on \S+ \(", "", message)
+        text = re.sub(r"\)(; ignoring it would change the run.*|; supported: .*|)$", "", text)
+    else:  # an AMD Primus option: "<value>: <why> (AMD Primus option; refused on <device>)"
+        text = re.sub(r" \(AMD Primus option; refused on \S+\)$", "", message.split(": ", 1)[-1])
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 def refusal_table(results: list[Result]) -> str:
     """Every admission refusal counted by key: files (all / in target) and the reason, first seen."""
     files, in_target, reasons = collections.Counter(), collections.Counter(), {}
@@ -290,7 +300,7 @@ def refusal_table(results: list[Result]) -> str:
             files[key] += 1
             in_target[key] += r.in_target
         for key, reason in r.refusals:
-            reasons.setdefault(key, cause(re.sub(r"; ignoring it would change the run.*$", "", reason)))
+            reasons.setdefault(key, _why(reason))
     lines = [f"Admission refusals by key, over all {len(results)} files on the device in their path "
              f"({DEFAULT_DEVICE} where the path names none); a file counts once per key it sets:", "",
              "| key | files | in target | why (first seen) |", "|---|---|---|---|"]
