@@ -28,13 +28,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
     plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     plan.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    plan.add_argument("--project", action="store_true",
+                      help="project step time, tokens/s/GPU and MFU on --device, with the breakdown")
+    plan.add_argument("--search", action="store_true",
+                      help="rank legal layouts on --nodes x --gpus-per-node --device by projected tokens/s/GPU")
+    plan.add_argument("--gpus-per-node", type=int, help="devices per node for --search (default --nproc-per-node, 8)")
+    plan.add_argument("--top", type=int, default=10, help="layouts --search shows (default 10)")
+    plan.add_argument("--measure", type=int, nargs="?", const=3, default=0, metavar="K",
+                      help="--search: run the top K (default 3) for a few steps here and re-rank by measurement")
+    plan.add_argument("--measure-steps", type=int, default=6, help="steps per measured layout (default 6)")
     plan.set_defaults(handler=_plan, accepts_overrides=True)
 
 
 def _device_names() -> list[str]:
     from primus.plan.devices import DEVICE_MEMORY_GIB  # not estimate: --help must not import pydantic
 
-    return sorted(DEVICE_MEMORY_GIB)
+    return sorted(DEVICE_MEMORY_GIB) + ["local (--project/--search: measured by primus preflight)"]
 
 
 def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ) -> tuple[int | None, str]:
@@ -93,6 +102,10 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
 
 
 def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.project or args.search:
+        from primus.cli.plan_project import run
+
+        return run(args, overrides)
     from primus.preflight.cli import plan_experiment
     from primus.runtime.admission import target_for
 

@@ -42,11 +42,12 @@ CAPABILITIES: dict[str, Capability] = {
     "megatron.fp4": Capability(NOWHERE, "FP4 training through Transformer Engine", _TE_LAYERS),
     "megatron.context_parallel": Capability(NOWHERE, "context parallelism (Transformer Engine attention)",
                                             _TE_LAYERS),
-    "megatron.torch_fsdp2": Capability(NOWHERE, "megatron-core's TorchFullyShardedDataParallel (use_torch_fsdp2)"),
-    "megatron.megatron_fsdp": Capability(NOWHERE, "Megatron FSDP (use_megatron_fsdp, the megatron-fsdp package)"),
-    "megatron.ckpt_format.torch": Capability(NOWHERE, "Megatron-LM's legacy checkpoint layout (ckpt_format: torch)"),
+    "megatron.torch_fsdp2": Capability(ANY, "megatron-core's TorchFullyShardedDataParallel (use_torch_fsdp2)"),
+    # megatron-core 0.16's Megatron-FSDP gathers and reduce-scatters on CUDA streams, its buffers on a CUDA device
+    "megatron.megatron_fsdp": Capability(GPU, "Megatron FSDP (use_megatron_fsdp, megatron-core's megatron_fsdp)"),
+    "megatron.ckpt_format.torch": Capability(ANY, "Megatron-LM's legacy checkpoint layout (ckpt_format: torch)"),
     "megatron.ckpt_format.torch_dcp": Capability(NOWHERE, "torch DCP checkpoints (ckpt_format: torch_dcp)"),
-    "megatron.ckpt_format.fsdp_dtensor": Capability(NOWHERE, "FSDP DTensor checkpoints (ckpt_format: fsdp_dtensor)"),
+    "megatron.ckpt_format.fsdp_dtensor": Capability(ANY, "Megatron-FSDP's DCP checkpoints (ckpt_format: fsdp_dtensor)"),
     "megatron.precision_aware_optimizer": Capability(
         GPU_TE, "megatron-core's precision-aware optimizer (on Transformer Engine's FusedAdam)"),
     # -- TorchTitan (primus/backends/torchtitan/admission.py)

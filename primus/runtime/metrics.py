@@ -133,12 +133,14 @@ class MetricsReporter:
 
         self.rank, self.world_size, self.device, self.peak = rank, world_size, device, peak_tflops
         self.averages = averages  # AMD Primus's log_avg_*: tumbling averages in each record's extra
+        self.step_times: list[float] = []  # every step's time, for the end-of-run projection check
         self.sinks: list[MetricSink] = []
         if rank == 0:
             self.sinks = [*standard_sinks(run_dir, enable_tensorboard=enable_tensorboard), *extra_sinks]
 
     def report(self, report: StepReport) -> StepMetrics:
         metrics = derive(report, world_size=self.world_size, device=self.device, peak_tflops=self.peak)
+        self.step_times.append(metrics.step_time)
         if self.averages is not None:
             metrics.extra.update(self.averages.update(metrics))
         for sink in self.sinks:

@@ -18,6 +18,7 @@ from primus.runtime.context import NonFiniteLoss, RunContext
 from primus.plan.devices import device_peak
 from primus.runtime.averages import StepAverages
 from primus.runtime.metrics import MetricsReporter
+from primus.runtime.projection_check import projection_line
 from primus.runtime.sinks.trackers import tracker_sinks
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import Preempted, StopSignal
@@ -101,6 +102,8 @@ def train_worker(payload: dict[str, Any]) -> int:
         with engine_output_to_log():  # the engine's own prints and progress bars: this rank's debug.log
             adapter.run(plan, ctx)
         status = "completed"
+        if rank == 0 and (line := projection_line(plan, reporter.step_times, device, device_name)):
+            logger.info(line)  # predicted vs measured: every run adds a residual
     except Preempted as stop:
         status = "preempted"
         logger.warning("rank %d %s", rank, stop)

@@ -30,6 +30,8 @@ def test_plan_for_mi355x_prints_the_same_bytes_whatever_the_cpu_decides(example,
     assert "mi355x (not on this host: assumed" in without
     if local_target().gpu:
         pytest.skip("this host has a GPU: its own plans do not read the CPU's bf16 either")
+    if example != EXAMPLES[0]:
+        return  # TorchTitan's and AutoModel's plans read the experiment's dtypes, not the CPU's derived ones
     # the rule is real: the same plan for this CPU changes with the decision (bf16 halves the weights)
     assert plan(example, "force") != plan(example, "off")
 

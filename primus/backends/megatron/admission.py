@@ -37,9 +37,7 @@ FEATURES: dict[str, str] = {
     **dict.fromkeys(("context_parallel_size", "hierarchical_context_parallel_sizes", "hybrid_context_parallel",
                      "max_seqlen_per_dp_cp_rank"), "megatron.context_parallel"),
     **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward"), "megatron.torch_fsdp2"),
-    **dict.fromkeys(("use_megatron_fsdp", "data_parallel_sharding_strategy", "outer_dp_sharding_strategy",
-                     "fsdp_double_buffer", "enable_full_sharding_in_hsdp", "megatron_fsdp_main_params_dtype",
-                     "megatron_fsdp_main_grads_dtype", "megatron_fsdp_grad_comm_dtype"), "megatron.megatron_fsdp"),
+    **dict.fromkeys(("use_megatron_fsdp", "data_parallel_sharding_strategy"), "megatron.megatron_fsdp"),
     **dict.fromkeys(("use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
                      "exp_avg_sq_dtype"), "megatron.precision_aware_optimizer"),
 }

@@ -92,6 +92,9 @@ IMPLEMENTED: dict[str, str] = {
     **dict.fromkeys(("save", "load", "save_interval", "finetune", "no_load_optim", "no_load_rng", "no_save_optim",
                      "no_save_rng", "ckpt_format", "exit_on_missing_checkpoint", "pretrained_checkpoint"),
                     "checkpoint"),
+    # admitted per target: rows megatron.torch_fsdp2 / megatron.megatron_fsdp (admission.py, capabilities)
+    **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward", "use_megatron_fsdp",
+                     "data_parallel_sharding_strategy"), "fsdp"),
 }
 
 # Values of implemented arguments this backend runs; any other (valid Megatron-LM) value is refused.
@@ -104,7 +107,8 @@ SUPPORTED_VALUES: dict[str, tuple[set, str]] = {
                                 "mrope and relative embeddings need other model code / Transformer Engine"),
     "moe_token_dispatcher_type": ({"allgather", "alltoall"}, "the flex dispatcher needs DeepEP on GPUs"),
     "ckpt_format": ({"torch_dist", "torch", "torch_dcp", "fsdp_dtensor"},
-                    "megatron-core dist_checkpointing (torch_dist); the others per target (primus.runtime.capabilities)"),
+                    "megatron-core dist_checkpointing (torch_dist), Megatron-LM's legacy per-rank files (torch) "
+                    "and Megatron-FSDP's DCP checkpoints (fsdp_dtensor), each per target (primus.runtime.capabilities)"),
     "dataloader_type": ({None, "single", "cyclic"},
                         "Megatron-LM's pretraining and random (cyclic) samplers run here; external needs your code"),
     "rope_type": ({None, "rope", "yarn"}, "megatron-core's RoPE and YaRN"),
@@ -191,12 +195,13 @@ REFUSED: dict[str, str] = {
     ), _TE_PRECISION),
     **dict.fromkeys((
         "context_parallel_size", "hierarchical_context_parallel_sizes", "max_seqlen_per_dp_cp_rank",
-        "hybrid_context_parallel", "use_megatron_fsdp", "use_torch_fsdp2", "torch_fsdp2_reshard_after_forward",
-        "data_parallel_sharding_strategy", "outer_dp_sharding_strategy", "fsdp_double_buffer",
+        "hybrid_context_parallel", "outer_dp_sharding_strategy", "fsdp_double_buffer",
         "enable_full_sharding_in_hsdp", "num_distributed_optimizer_instances",
-        "megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype", "megatron_fsdp_grad_comm_dtype",
         "fake_process_group", "dist_ckpt_optim_fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient",
     ), _LAYOUT),
+    **dict.fromkeys(("megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype",
+                     "megatron_fsdp_grad_comm_dtype"),
+                    "megatron-core 0.16's Megatron-FSDP takes no mixed-precision dtypes (a later Megatron-LM argument)"),
     **dict.fromkeys((
         "experimental_attention_variant", "qk_l2_norm", "qk_clip", "qk_clip_alpha",
         "qk_clip_threshold", "attention_output_gate", "glu_linear_offset", "activation_func_clamp_value",

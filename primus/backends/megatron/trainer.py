@@ -22,9 +22,9 @@ from primus.backends.megatron.model import (
     padded_vocab_size,
     transformer_config,
     use_transformer_engine,
-    wrap_ddp,
     wrap_float16,
 )
+from primus.backends.megatron.fsdp import wrap_data_parallel
 from primus.backends.megatron.plan import flops_per_step
 from primus.backends.megatron.tokenizers import build_tokenizer
 from primus.backends.megatron.aux_losses import aux_loss_metrics
@@ -206,7 +206,7 @@ class MegatronTrainer:
             self.post.load_weights(chunks, ctx)
         if self.lora is not None:  # after the base weights are loaded, before Float16Module/DDP/optimizer
             self._apply_lora(chunks)
-        self.model = wrap_ddp(args, self.config, wrap_float16(args, self.config, chunks))
+        self.model = wrap_data_parallel(args, self.config, wrap_float16(args, self.config, chunks))
         self.optimizer = build_optimizer(args, self.model)
         self._hook_schedule()
         self.scheduler = build_scheduler(args, self.optimizer, self.gbs)
@@ -231,11 +231,11 @@ class MegatronTrainer:
         at iteration 0, no optimizer or RNG state)."""
         args, ctx = self.args, self.ctx
         load_dir = Path(args.load) if args.load else (self.save_dir if ctx.resume else None)
-        finetune = args.finetune
         if (load_dir is None or ckpt.latest_iteration(load_dir) is None) and args.pretrained_checkpoint:
             ctx.log_derived("pretrained_checkpoint", args.pretrained_checkpoint,
                             f"no checkpoint under {load_dir or 'load'}: finetuning from it (Megatron-LM)")
-            load_dir, finetune = Path(args.pretrained_checkpoint), True
+            load_dir = Path(args.pretrained_checkpoint)
+            args.finetune = True  # as Megatron-LM's load_checkpoint sets it
             if ckpt.latest_iteration(load_dir) is None:
                 raise ConfigError(f"pretrained_checkpoint: no checkpoint ({ckpt.TRACKER}) under {load_dir}")
         if load_dir is None:
@@ -245,10 +245,8 @@ class MegatronTrainer:
                 raise ConfigError(f"load: no checkpoint ({ckpt.TRACKER}) under {load_dir}")
             ctx.logger.info("resume: no checkpoint under %s yet, starting from scratch", load_dir)
             return
-        self.iteration, self.consumed = ckpt.load_checkpoint(
-            load_dir, self.model, self.optimizer, self.scheduler,
-            use_distributed_optimizer=args.use_distributed_optimizer, finetune=finetune,
-            no_load_optim=bool(args.no_load_optim), no_load_rng=bool(args.no_load_rng))
+        self.iteration, self.consumed = ckpt.load_checkpoint(load_dir, self.model, self.optimizer, self.scheduler,
+                                                             args, ctx.log_derived)
         ctx.logger.info("loaded checkpoint %s at iteration %d", load_dir, self.iteration)
 
     def _apply_lora(self, chunks: list) -> None:
@@ -344,10 +342,8 @@ class MegatronTrainer:
         return _global_loss(losses, self.device)
 
     def save(self) -> None:
-        path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler,
-                                    iteration=self.iteration, consumed_samples=self.consumed,
-                                    use_distributed_optimizer=self.args.use_distributed_optimizer,
-                                    save_optimizer=not self.args.no_save_optim, save_rng=not self.args.no_save_rng)
+        path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
+                                    iteration=self.iteration, consumed_samples=self.consumed)
         self.ctx.logger.info("saved checkpoint %s", path)
 
     def train(self) -> None:

@@ -71,12 +71,35 @@ def test_a_features_settings_without_its_switch_have_no_effect_and_are_said():
     assert said["fp8_amax_history_len"] == "no effect without fp8 (Megatron-LM reads it only then)"
 
 
-def test_ckpt_format_is_irrelevant_without_save_load_or_pretrained_checkpoint():
-    assert refusals(CPU, ckpt_format="torch") == {}
+def test_ckpt_format_is_irrelevant_without_save_load_or_pretrained_checkpoint(monkeypatch):
+    from primus.runtime import capabilities
+
     assert "no checkpoint in this format is written or read" in notes(CPU, ckpt_format="torch")["ckpt_format"]
+    monkeypatch.setitem(capabilities.CAPABILITIES, "megatron.ckpt_format.torch",
+                        capabilities.Capability(capabilities.NOWHERE, "the legacy layout"))
+    assert refusals(CPU, ckpt_format="torch") == {}  # save / load null: never refused, whatever the row says
     found = refusals(MI300X, ckpt_format="torch", save="/ckpt", save_interval=10)
-    assert found["ckpt_format"].startswith("'torch' cannot be run on mi300x (Megatron-LM's legacy checkpoint layout")
-    assert refusals(MI300X, ckpt_format="torch_dist", save="/ckpt", save_interval=10) == {}
+    assert found["ckpt_format"].startswith("'torch' cannot be run on mi300x (the legacy layout")
+
+
+def test_legacy_checkpoints_are_admitted_with_or_without_save_and_load():
+    """AMD's files set ckpt_format: torch with save/load null; the legacy layout is wired: admitted either way."""
+    for paths in ({"save": None, "load": None}, {"save": "/ckpt", "save_interval": 10, "load": "/ckpt"}):
+        for target in (CPU, MI300X):
+            assert refusals(target, ckpt_format="torch", **paths) == {}
+
+
+def test_megatron_fsdp_needs_a_gpu_and_torch_fsdp2_runs_anywhere():
+    megatron_fsdp = dict(use_megatron_fsdp=True, ckpt_format="fsdp_dtensor",
+                         data_parallel_sharding_strategy="optim_grads_params")
+    found = refusals(CPU, **megatron_fsdp)
+    assert set(found) == {"use_megatron_fsdp", "data_parallel_sharding_strategy"}
+    assert "Megatron FSDP (use_megatron_fsdp, megatron-core's megatron_fsdp) needs a GPU; target cpu is a CPU" in \
+        found["use_megatron_fsdp"]
+    assert refusals(MI300X, **megatron_fsdp) == {} and refusals(GPU_WITHOUT_TE, **megatron_fsdp) == {}
+    fsdp2 = dict(use_torch_fsdp2=True, untie_embeddings_and_output_weights=True, gradient_accumulation_fusion=False,
+                 torch_fsdp2_reshard_after_forward=False)
+    assert refusals(CPU, **fsdp2) == {}
 
 
 def test_flipping_one_row_admits_the_feature(monkeypatch):

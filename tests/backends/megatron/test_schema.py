@@ -177,6 +177,15 @@ def test_split_data_arguments():
     ({"max_position_embeddings": 32}, "max_position_embeddings (32) must be at least seq_length (64)"),
     ({"save": "/x"}, "save_interval: save is set"),
     ({"lr_decay_style": "WSD"}, "lr_wsd_decay_iters: lr_decay_style: WSD needs lr_wsd_decay_iters"),
+    # Megatron-LM's FSDP asserts
+    ({"use_torch_fsdp2": True, "gradient_accumulation_fusion": False},
+     "untie_embeddings_and_output_weights: use_torch_fsdp2 requires untie_embeddings_and_output_weights: true"),
+    ({"use_torch_fsdp2": True, "untie_embeddings_and_output_weights": True},
+     "gradient_accumulation_fusion: use_torch_fsdp2 is not supported with gradient accumulation fusion"),
+    ({"use_torch_fsdp2": True, "untie_embeddings_and_output_weights": True, "gradient_accumulation_fusion": False,
+      "ckpt_format": "torch"}, "ckpt_format: use_torch_fsdp2 requires ckpt_format torch_dist or torch_dcp"),
+    ({"use_megatron_fsdp": True}, "ckpt_format: Megatron FSDP only supports the fsdp_dtensor checkpoint format"),
+    ({"ckpt_format": "fsdp_dtensor"}, "ckpt_format: fsdp_dtensor is only tested with Megatron FSDP"),
 ])
 def test_megatron_lm_assertions_are_one_line(overrides, expected):
     assert expected in error_of(**overrides)
