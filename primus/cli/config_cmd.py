@@ -43,7 +43,7 @@ def _show(args: argparse.Namespace, overrides: list[str]) -> int:
 
 def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
     from primus.launch.job import admit_module, plan_module, validate_keys
-    from primus.runtime.admission import target_for
+    from primus.plan.target import target_for
 
     target = target_for(args.device)  # an unknown device is a user error before any parsing
     resolved = _resolve(args, overrides)

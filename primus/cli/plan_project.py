@@ -31,7 +31,7 @@ def load(path: str, overrides: list[str], module_name: str | None, world: int | 
     CPU's (the CPU bf16 rule is for runs on a CPU; ``primus.runtime.admission``)."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
-    from primus.runtime.admission import target_for
+    from primus.plan.target import target_for
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)

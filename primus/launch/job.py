@@ -14,7 +14,7 @@ import shutil
 import sys
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +25,11 @@ from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, l
 from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
 from primus.launch.plan import LaunchPlan
 from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
-from primus.runtime.admission import Admission, Target, admit, local_target, target_for
+from primus.plan.target import Target, host_target, target_for
+from primus.runtime.admission import Admission, admit
 from primus.runtime.checkpoints import newest_usable
+from primus.runtime.goodput import line as goodput_line
+from primus.runtime.hangs import HangWatch
 from primus.runtime.registry import get_adapter
 from primus.runtime.rundir import INTERRUPTED, ExitCode, RunDir
 from primus.runtime.train import hand_over_plan
@@ -56,7 +59,7 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,  # every backend's
                    f"modules.{module.name}.primus")
     plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
-                        device=(target or local_target()).torch_device)
+                        device=(target or host_target()).torch_device)
     if require_engine:
         adapter.import_engine()
     if check_paths:
@@ -112,8 +115,8 @@ def admit_module(resolved: ResolvedExperiment, module: ResolvedModule, adapter: 
 def launch_target(device: str | None, *, dry_run: bool) -> Target:
     """The target of ``train``: ``--device`` names it for a dry-run; a launch runs on this host's device."""
     target = target_for(device)
-    if not dry_run and not target.present:
-        raise ConfigError(f"--device {device}: this host has no {target.name} ({local_target().name} here); "
+    if not dry_run and target.assumed:
+        raise ConfigError(f"--device {device}: this host has no {target.name} ({host_target().name} here); "
                           "--device names the target of config validate, plan and train --dry-run, a launch runs "
                           "on the device it is started on")
     return target
@@ -123,7 +126,7 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
                      resume: str, dry_run: bool, argv: list[str], target: Target | None = None) -> int:
     """``target``: the device of a dry-run (``--device``); a launch runs on this host's device."""
     run_dir = RunDir.of(resolved.spec)
-    target = target or local_target()
+    target = target or host_target()
     adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path,
                                        target=target)
     admission = admit_module(resolved, module, adapter, engine_plan, target)  # before anything is written
@@ -216,7 +219,7 @@ def _join_as_other_node(job: Job, resume: str) -> Iterator[None]:
 def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
     """This node's workers, the peers lost meanwhile, and the preemption marker read."""
     try:
-        with PeerWatch(job.run_dir, job.plan) as peers:  # multi-node: name a lost peer on failure
+        with PeerWatch(job.run_dir, job.plan) as peers, _hang_watch(job):  # name a lost peer, a hung rank
             if job.plan.in_process:  # the worker runs in this process: it takes this plan, not a rebuilt one
                 hand_over_plan(job.run_dir.path, job.module.name, job.engine_plan)
             result = launch_workers(TRAIN_TARGET, job.run_dir.payload, job.plan)
@@ -227,6 +230,13 @@ def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
     if exit_code == ExitCode.PREEMPTED:
         return LaunchResult(exit_code, [])
     return LaunchResult(exit_code, lost + result.failures)
+
+
+def _hang_watch(job: Job) -> HangWatch | nullcontext:
+    """Node 0 names the rank a hung job waits for, from every rank's watchdog dump (shared run dir)."""
+    if not job.plan.is_node_zero:
+        return nullcontext()
+    return HangWatch(job.run_dir.logs(job.module.name), job.plan.world_size, _say, job.run_dir.append_event)
 
 
 def _launcher_error(job: Job, exc: Exception) -> str:
@@ -247,6 +257,7 @@ def _record_end(run_dir: RunDir, exit_code: int, *, status: str | None = None, n
     """Manifest status and plot; a full or read-only disk is reported, never masks the run's own error."""
     try:
         run_dir.finish_attempt(exit_code, status, note)
+        _say(goodput_line(run_dir.record_goodput()))  # every attempt's end: the run's goodput so far
         if plot:
             from primus.runtime.plot import plot_metrics
 

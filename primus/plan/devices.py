@@ -27,18 +27,6 @@ DEVICE_MEMORY_GIB: dict[str, float] = {
 }
 
 
-# The software stack each named accelerator's training images carry (ROCm or CUDA torch).
-DEVICE_KIND: dict[str, str] = {
-    "a100": "cuda",
-    "h100": "cuda",
-    "h200": "cuda",
-    "b200": "cuda",
-    "mi300x": "rocm",
-    "mi325x": "rocm",
-    "mi355x": "rocm",
-}
-
-
 def device_key(device_name: str) -> str | None:
     """Map a device name (``NVIDIA H100 80GB HBM3``, ``AMD Instinct MI300X``) to a peak key."""
     lowered = device_name.lower().replace(" ", "")

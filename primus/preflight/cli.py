@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from primus.config.errors import ConfigError
+from primus.config.values import seconds_flag
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pre.add_argument("--checks", help="comma list: environment,host,accelerators,network,connectivity,experiment")
     pre.add_argument("--tests", help="comma list: gemm,membw,allreduce,allgather,reducescatter,alltoall,sendrecv")
     pre.add_argument("--sizes", help="collective message sizes, e.g. 64K,1M,16M")
-    pre.add_argument("--timeout", type=float, default=60.0, help="seconds for every rank to join (default 60)")
+    pre.add_argument("--timeout", type=seconds_flag, default=60.0, help="seconds for every rank to join (default 60)")
     pre.add_argument("--report-dir", help="where rank 0 writes the report (default output/preflight/<time>)")
     pre.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     pre.add_argument("--module", help="module of EXP to check (default: pre_trainer)")
@@ -48,12 +49,13 @@ def plan_experiment(path: str, overrides: list[str], module_name: str | None, wo
     this host's device) and, with ``admit``, its admission on it (refusals listed, not raised)."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
-    from primus.runtime.admission import admit as admission_of, local_target
+    from primus.plan.target import host_target
+    from primus.runtime.admission import admit as admission_of
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
-    target = target or local_target()
+    target = target or host_target()
     adapter, plan = plan_module(resolved, module, world_size, require_engine=False, target=target)
     admission = admission_of(adapter, plan, target, module.translations, resolved.provenance) if admit else None
     if plan.model is None or plan.layout is None:

@@ -23,7 +23,8 @@ from primus.config.errors import ConfigError
 if TYPE_CHECKING:
     from primus.config.provenance import Provenance
     from primus.plan.layout import ParallelLayout
-    from primus.runtime.admission import Refusal, Target
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
     from primus.plan.model import ModelSpec
     from primus.runtime.context import RunContext
 

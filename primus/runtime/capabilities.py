@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from primus.runtime.admission import Target
+    from primus.plan.target import Target
 
 Needs = Literal["any", "gpu", "gpu+te", "nowhere"]
 ANY: Needs = "any"
@@ -34,14 +34,14 @@ class Capability:
     why_not: str = "not wired in Primus yet, on any device"  # said while ``needs`` is NOWHERE
 
 
-_TE_LAYERS = "not wired to megatron-core's Transformer Engine layers in Primus yet, on any device"
-
 CAPABILITIES: dict[str, Capability] = {
     # -- Megatron (primus/backends/megatron/admission.py maps Megatron-LM arguments onto these rows)
-    "megatron.fp8": Capability(NOWHERE, "FP8 training through Transformer Engine", _TE_LAYERS),
-    "megatron.fp4": Capability(NOWHERE, "FP4 training through Transformer Engine", _TE_LAYERS),
-    "megatron.context_parallel": Capability(NOWHERE, "context parallelism (Transformer Engine attention)",
-                                            _TE_LAYERS),
+    # FP8 and context parallelism run in Transformer Engine's layers; which FP8 recipe runs on which GPU is
+    # Transformer Engine's own rule (primus/backends/megatron/te_features.py: RECIPE_HARDWARE)
+    "megatron.fp8": Capability(GPU_TE, "FP8 training through Transformer Engine"),
+    "megatron.fp4": Capability(NOWHERE, "FP4 training through Transformer Engine",
+                               "not wired to megatron-core's Transformer Engine layers in Primus yet, on any device"),
+    "megatron.context_parallel": Capability(GPU_TE, "context parallelism (Transformer Engine attention)"),
     "megatron.torch_fsdp2": Capability(ANY, "megatron-core's TorchFullyShardedDataParallel (use_torch_fsdp2)"),
     # megatron-core 0.16's Megatron-FSDP gathers and reduce-scatters on CUDA streams, its buffers on a CUDA device
     "megatron.megatron_fsdp": Capability(GPU, "Megatron FSDP (use_megatron_fsdp, megatron-core's megatron_fsdp)"),
@@ -51,22 +51,41 @@ CAPABILITIES: dict[str, Capability] = {
     "megatron.precision_aware_optimizer": Capability(
         GPU_TE, "megatron-core's precision-aware optimizer (on Transformer Engine's FusedAdam)"),
     # -- TorchTitan (primus/backends/torchtitan/admission.py)
-    "torchtitan.float8": Capability(NOWHERE, "float8 training through TorchTitan's Float8 converter (torchao)"),
+    # torchao's float8 GEMMs: FP8 units on a GPU, torch's CPU _scaled_mm, or its emulation anywhere; the converter's
+    # own check says which (primus/backends/torchtitan/float8.py: refusal)
+    "torchtitan.float8": Capability(ANY, "float8 training through TorchTitan's Float8 converter (torchao)"),
     "torchtitan.mx": Capability(NOWHERE, "MX (mxfp8 / mxfp4) training through TorchTitan's MX converter (torchao)"),
 }
+
+
+Lack = Literal["nowhere", "gpu", "transformer_engine"]
+
+
+def missing(feature: str, target: "Target") -> Lack | None:
+    """What ``target`` lacks to run ``feature`` (None: nothing)."""
+    needs = CAPABILITIES[feature].needs
+    if needs == NOWHERE:
+        return "nowhere"
+    if needs in (GPU, GPU_TE) and not target.gpu:
+        return "gpu"
+    if needs == GPU_TE and not target.transformer_engine:
+        return "transformer_engine"
+    return None
 
 
 def refusal(feature: str, target: "Target") -> str | None:
     """Why ``target`` cannot run ``feature`` (one clause), or None when it can."""
     row = CAPABILITIES[feature]
-    if row.needs == ANY:
-        return None
-    if row.needs == NOWHERE:
+    lack = missing(feature, target)
+    if lack == "nowhere":
         return f"{row.what}: {row.why_not}"
-    if not target.gpu:
+    if lack == "gpu":
         return f"{row.what} needs a GPU{' with Transformer Engine' if row.needs == GPU_TE else ''}; " \
                f"target {target.name} is a CPU"
-    if row.needs == GPU_TE and not target.has_transformer_engine:
-        return f"{row.what} needs Transformer Engine, which is not installed on this {target.name} host " \
-               "(install it, or run in a ROCm / CUDA training image, which carries it)"
+    if lack == "transformer_engine":
+        return f"{row.what} needs Transformer Engine, which is not importable on this {target.name} host " \
+               f"({INSTALL_TE}; the ROCm / CUDA training images carry it)"
     return None
+
+
+INSTALL_TE = "`primus prepare megatron --with-te` installs it"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from primus.runtime.admission import local_target
+from primus.plan.target import host_target
 from tests.conftest import ROOT
 from tests.helpers import cli_in_process
 
@@ -28,7 +28,7 @@ def test_plan_for_mi355x_prints_the_same_bytes_whatever_the_cpu_decides(example,
     with_bf16, without = plan(example, "force", "--device", "mi355x"), plan(example, "off", "--device", "mi355x")
     assert with_bf16 == without
     assert "mi355x (not on this host: assumed" in without
-    if local_target().gpu:
+    if host_target().gpu:
         pytest.skip("this host has a GPU: its own plans do not read the CPU's bf16 either")
     if example != EXAMPLES[0]:
         return  # TorchTitan's and AutoModel's plans read the experiment's dtypes, not the CPU's derived ones
@@ -51,12 +51,12 @@ def test_an_unknown_device_is_exit_2_and_one_line(argv, monkeypatch, tmp_path):
 
 
 def test_a_launch_for_a_device_this_host_lacks_is_one_line_and_writes_nothing(monkeypatch, tmp_path):
-    if local_target().name == "mi355x":
+    if host_target().name == "mi355x":
         pytest.skip("this host is an MI355X")
     monkeypatch.chdir(tmp_path)
     result = cli_in_process("train", EXAMPLES[0], "--device", "mi355x", f"workspace={tmp_path / 'out'}")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"primus: error: --device mi355x: this host has no mi355x ({local_target().name} here); --device names the "
+        f"primus: error: --device mi355x: this host has no mi355x ({host_target().name} here); --device names the "
         "target of config validate, plan and train --dry-run, a launch runs on the device it is started on"]
     assert not (tmp_path / "out").exists()

@@ -12,13 +12,14 @@ import pytest
 
 from primus.launch import job
 from primus.runtime import admission
-from primus.runtime.admission import Target
+from primus.plan import target as target_module
+from primus.plan.target import Target
 from tests.conftest import ROOT
 from tests.helpers import cli_in_process
 
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
 AMD = sorted((ROOT / "tests" / "fixtures" / "amd_primus").rglob("*.yaml"))
-MI355X_HERE = Target("mi355x", "rocm", True, "present", present=True)
+MI355X_HERE = Target("rocm", (9, 5), "mi355x", transformer_engine=True)
 
 
 class Admitted(BaseException):
@@ -31,8 +32,8 @@ def launch_admitted(monkeypatch, path, target: Target, *extra) -> tuple[bool, st
         raise Admitted
 
     with monkeypatch.context() as patch:
-        patch.setattr(admission, "local_target", lambda: target)
-        patch.setattr(job, "local_target", lambda: target)
+        patch.setattr(target_module, "host_target", lambda: target)
+        patch.setattr(job, "host_target", lambda: target)
         patch.setattr(job, "_claim_as_node_zero", claim)
         try:
             result = cli_in_process("train", path, *extra)
@@ -69,7 +70,7 @@ def _nodes(path) -> list[str]:
 def test_dry_run_ok_iff_the_launch_passes_admission(path, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PRIMUS_WORKSPACE", str(tmp_path / "output"))
-    here = admission.local_target()
+    here = target_module.host_target()
     assert dry_run(path, *_nodes(path)) == launch_admitted(monkeypatch, path, here, *_nodes(path))
     # on an MI355X: planned here for it (assumed), launched there (present, Transformer Engine installed)
     assert dry_run(path, "--device", "mi355x", *_nodes(path)) == \
@@ -78,20 +79,23 @@ def test_dry_run_ok_iff_the_launch_passes_admission(path, monkeypatch, tmp_path)
 
 
 def test_the_sample_covers_both_answers(monkeypatch, tmp_path):
-    """The parity above is not vacuous: on an MI355X some AMD files are admitted and some refused, and a
-    file admitted on a GPU is refused on a CPU (the precision-aware optimizer needs Transformer Engine)."""
+    """The parity above is not vacuous: AMD's FP8 files are admitted on the GPU they are written for and
+    refused where the recipe has no kernels, and files admitted on a GPU are refused on a CPU (FP8 and the
+    precision-aware optimizer need Transformer Engine on a GPU)."""
     monkeypatch.chdir(tmp_path)
     amd = {str(p.relative_to(ROOT / "tests" / "fixtures" / "amd_primus" / "examples")): p for p in AMD}
     assert dry_run(amd["megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml"], "--device", "mi355x",
                    "--nproc-per-node", "8") == (True, "")
-    ok, error = dry_run(amd["megatron/configs/MI355X/llama3.1_8B-FP8-pretrain.yaml"], "--device", "mi355x",
-                        "--nproc-per-node", "8")
-    assert not ok and "modules.pre_trainer.fp8: 'hybrid' cannot be honoured on mi355x" in error
-    ok, error = dry_run(amd["torchtitan/configs/MI300X/llama3.1_8B-FP8-pretrain.yaml"], "--device", "mi300x",
-                        "--nproc-per-node", "8")
-    assert not ok and "modules.pre_trainer.model.converters" in error
+    fp8 = amd["megatron/configs/MI355X/llama3.1_8B-FP8-pretrain.yaml"]
+    assert dry_run(fp8, "--device", "mi355x", "--nproc-per-node", "8") == (True, "")
+    ok, error = dry_run(fp8, "--device", "mi355x", "--nproc-per-node", "8", "fp8_recipe=blockwise")
+    assert not ok and "modules.pre_trainer.fp8_recipe: 'blockwise' cannot run on mi355x (gfx950)" in error
+    assert dry_run(amd["torchtitan/configs/MI300X/llama3.1_8B-FP8-pretrain.yaml"], "--device", "mi300x",
+                   "--nproc-per-node", "8") == (True, "")
     qwen = amd["megatron/configs/MI325X/qwen3_30B_A3B-BF16-pretrain.yaml"]
     assert dry_run(qwen, "--device", "mi325x", "--nproc-per-node", "8") == (True, "")
-    monkeypatch.setattr(admission, "local_target", lambda: Target("cpu", "cpu", True, "absent", present=True))
+    monkeypatch.setattr(target_module, "host_target", lambda: Target("cpu"))
     ok, error = dry_run(qwen, "--nproc-per-node", "8")
     assert not ok and "cannot be honoured on cpu (megatron-core's precision-aware optimizer" in error
+    ok, error = dry_run(fp8, "--nproc-per-node", "8")
+    assert not ok and "modules.pre_trainer.fp8: 'hybrid' cannot run on a CPU host (FP8 training" in error

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
 from primus.hf.megatron_start import (check_post_training_inputs, hf_checkpoint_spec, is_post_training,
-                                     post_training, strip_post_training)
+                                     network_from_hub, post_training, strip_post_training)
 from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 
 if TYPE_CHECKING:
     from primus.config.provenance import Provenance
-    from primus.runtime.admission import Refusal, Target
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
     from primus.runtime.context import RunContext
 
 TINY_PREFIX = "megatron/tiny_text_document"  # under primus.tiny_assets
@@ -92,6 +93,8 @@ class MegatronAdapter(BackendAdapter):
         if not args.vocab_size:
             derived.append(("vocab_size", vocab or "unknown", f"{vocab_source}; the run reads the tokenizer"
                             if vocab else f"{vocab_source}: the plan counts no embedding or output layer"))
+        if network_from_hub(module.params):  # provisional shapes only: no model to estimate until the run starts
+            model = None
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
         checkpoint = hf_checkpoint_spec(module.params, save) or CheckpointSpec(save, load=args.load)  # [#15]
         plan = EnginePlan(module, world_size, args, checkpoint, model, layout,
@@ -107,7 +110,7 @@ class MegatronAdapter(BackendAdapter):
     def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
         from primus.backends.megatron.admission import admit
 
-        return admit(plan, target)
+        return admit(plan, target) + _lora_on_te_layers(plan.module, plan.engine_config)
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
         root = tiny_assets_dir(plan.module.params)
@@ -180,7 +183,7 @@ class MegatronAdapter(BackendAdapter):
 def _check_lora(module: ModuleConfig, args, provenance):
     """The ``lora`` block's keys, and what LoRA needs: no sequence parallelism. Any stage, with or without
     ``hf_path`` (AMD's 4-layer LoRA benchmarks adapt a randomly initialised base: the plan says so)."""
-    from primus.backends.megatron.lora import lora_of
+    from primus.backends.megatron.lora import check_rank, lora_of
 
     prefix = f"modules.{module.name}"
     lora = lora_of(module.params, prefix, provenance)
@@ -190,7 +193,20 @@ def _check_lora(module: ModuleConfig, args, provenance):
     if args.sequence_parallel:
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")
+    check_rank(lora, args, prefix, where.removesuffix(": "))
     return lora
+
+
+def _lora_on_te_layers(module: ModuleConfig, args) -> "list[Refusal]":
+    """LoRA wraps megatron-core's local linears; FP8 and context parallelism need Transformer Engine's layers."""
+    from primus.backends.megatron.lora import lora_of
+    from primus.backends.megatron.te_features import uses_context_parallel, uses_fp8
+    from primus.runtime.admission import Refusal
+
+    if (uses_fp8(args) or uses_context_parallel(args)) and lora_of(module.params, f"modules.{module.name}"):
+        return [Refusal("lora", "lora", "LoRA wraps megatron-core's local linears, and FP8 / context parallelism "
+                                        "need Transformer Engine's layers: drop one")]
+    return []
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:

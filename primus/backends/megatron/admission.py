@@ -5,6 +5,7 @@ looked at once:
 
 - an argument (or a value of one) whose support depends on the device maps onto a row of
   ``primus.runtime.capabilities`` (``FEATURES``, ``VALUE_FEATURES``): the row decides per target;
+- FP8 and context parallelism: ``te_features.refusal`` (their rows, then each FP8 recipe's hardware);
 - otherwise ``support.classify`` decides: refused on every target, or kernel-only (accepted, said
   in one ``derived`` line by the trainer), or implemented;
 - an implemented argument with a value this backend does not run (``support.SUPPORTED_VALUES``)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from primus.backends.megatron import te_features
 from primus.backends.megatron.schema import megatron_lm_table
 from primus.backends.megatron.support import (IMPLEMENTED_KIND, KERNEL_ONLY_KIND, REFUSED_KIND, SAID_BY_TRAINER,
                                               SUPPORTED_VALUES, classify)
@@ -24,18 +26,13 @@ from primus.runtime.admission import Refusal
 from primus.runtime.capabilities import refusal
 
 if TYPE_CHECKING:
-    from primus.runtime.admission import Target
+    from primus.plan.target import Target
     from primus.runtime.adapter import EnginePlan
 
 # Megatron-LM arguments whose admission depends on the target: dest -> row of primus.runtime.capabilities.
 FEATURES: dict[str, str] = {
-    **dict.fromkeys(("fp8", "fp8_recipe", "fp8_margin", "fp8_interval", "fp8_amax_history_len",
-                     "fp8_amax_compute_algo", "fp8_wgrad", "fp8_param_gather", "fp8_quantizer_factory",
-                     "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
-                     "reuse_grad_buf_for_mxfp8_param_ag", "te_precision_config_file"), "megatron.fp8"),
+    # FP8 and context parallelism (rows megatron.fp8 / megatron.context_parallel) with their recipes: te_features
     **dict.fromkeys(("fp4", "fp4_recipe", "fp4_param", "fp4_quantizer_factory"), "megatron.fp4"),
-    **dict.fromkeys(("context_parallel_size", "hierarchical_context_parallel_sizes", "hybrid_context_parallel",
-                     "max_seqlen_per_dp_cp_rank"), "megatron.context_parallel"),
     **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward"), "megatron.torch_fsdp2"),
     **dict.fromkeys(("use_megatron_fsdp", "data_parallel_sharding_strategy"), "megatron.megatron_fsdp"),
     **dict.fromkeys(("use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
@@ -43,7 +40,7 @@ FEATURES: dict[str, str] = {
 }
 # Each row's switch: the row's other arguments have no effect while it is at Megatron-LM's default.
 SWITCHES: dict[str, str] = {
-    "megatron.fp8": "fp8", "megatron.fp4": "fp4", "megatron.context_parallel": "context_parallel_size",
+    "megatron.fp4": "fp4",
     "megatron.torch_fsdp2": "use_torch_fsdp2", "megatron.megatron_fsdp": "use_megatron_fsdp",
     "megatron.precision_aware_optimizer": "use_precision_aware_optimizer",
 }
@@ -80,6 +77,10 @@ def check_arguments(args, target: "Target") -> tuple[list[Refusal], list[Note]]:
     refusals: list[Refusal] = []
     notes: list[Note] = []
     table = megatron_lm_table()
+    if problem := te_features.refusal(args, args.given, target):
+        dest, reason = problem
+        refusals.append(Refusal(dest, getattr(args, dest), f"{getattr(args, dest)!r} cannot run on "
+                                                           f"{target.describe()} ({reason})"))
     for dest in table:
         if dest not in args.given:
             continue
@@ -113,7 +114,8 @@ def check_arguments(args, target: "Target") -> tuple[list[Refusal], list[Note]]:
             refusals.append(Refusal(dest, value, _refused(value, default, target.name, support.reason)))
         elif support.kind == KERNEL_ONLY_KIND and dest not in SAID_BY_TRAINER:
             notes.append((dest, value, f"accepted, no effect here: {support.reason}"))
-    return refusals, notes
+    changed = {d for d in args.given if d in table and not _same(getattr(args, d), table[d].default)}
+    return refusals, notes + te_features.inert_notes(args, changed)
 
 
 def admit(plan: "EnginePlan", target: "Target") -> list[Refusal]:

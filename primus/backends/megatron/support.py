@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from functools import cache
 
 from primus.backends.megatron.schema import megatron_lm_table
+from primus.backends.megatron.te_features import TE_ARGS
 
 IMPLEMENTED_KIND, KERNEL_ONLY_KIND, REFUSED_KIND = "implemented", "kernel-only", "refused"
 
 # dest -> what consumes it. "TransformerConfig"/"OptimizerConfig"/"DDPConfig" keys are passed by
 # name, as Megatron-LM's core_transformer_config_from_args does; the rest are read explicitly.
 _TC, _OPT, _DDP = "TransformerConfig", "OptimizerConfig", "DDPConfig"
+TE_CONSUMER = "TransformerConfig via te_features (Transformer Engine on a GPU)"
 IMPLEMENTED: dict[str, str] = {
     **dict.fromkeys((
         "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
@@ -95,6 +97,8 @@ IMPLEMENTED: dict[str, str] = {
     # admitted per target: rows megatron.torch_fsdp2 / megatron.megatron_fsdp (admission.py, capabilities)
     **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward", "use_megatron_fsdp",
                      "data_parallel_sharding_strategy"), "fsdp"),
+    # FP8 and context parallelism: admitted where the target has a GPU with Transformer Engine (te_features.py)
+    **dict.fromkeys(TE_ARGS, TE_CONSUMER),
 }
 
 # Values of implemented arguments this backend runs; any other (valid Megatron-LM) value is refused.
@@ -151,7 +155,7 @@ KERNEL_ONLY: dict[str, str] = {
         "disable_symmetric_registration", "fsdp_manual_registration", "create_all_gather_group",
         "suggested_communication_unit_size", "high_priority_stream_groups", "use_sharp", "sharp_enabled_group",
         "nccl_communicator_config_path", "distributed_backend", "pipeline_model_parallel_comm_backend",
-        "symmetric_ar_type", "use_tp_pp_dp_mapping", "cp_comm_type", "enable_cuda_graph", "external_cuda_graph",
+        "symmetric_ar_type", "use_tp_pp_dp_mapping", "enable_cuda_graph", "external_cuda_graph",
         "cuda_graph_impl", "cuda_graph_scope", "cuda_graph_warmup_steps", "train_sync_interval",
     ), _OVERLAP),
     **dict.fromkeys((
@@ -180,22 +184,20 @@ KERNEL_ONLY: dict[str, str] = {
                      "check_for_spiky_loss"), _CHECK),
 }
 
-_TE_PRECISION = "FP8/FP4 and per-layer precision recipes need Transformer Engine on a GPU, not wired here"
+_TE_PRECISION = ("FP4, quantizer factories and per-module precision recipes are not wired here (FP8 and the "
+                 "precision-aware optimizer are, on a GPU with Transformer Engine)")
 _LAYOUT = "another parallel or sharding layout than Primus's Megatron trainer builds"
 _FAMILY = "another model family or attention variant than the GPT/MoE/MLA models built here"
 _SCHEDULE = "batch-size ramp-ups, phased or partial schedules: Primus's Megatron trainer runs a fixed global batch"
 _DEPRECATED = "no longer valid in Megatron-LM"
 REFUSED: dict[str, str] = {
     **dict.fromkeys((
-        "fp8", "fp8_recipe", "fp8_quantizer_factory", "fp8_margin", "fp8_interval", "fp8_amax_history_len",
-        "fp8_amax_compute_algo", "fp8_wgrad", "fp8_param_gather", "first_last_layers_bf16",
-        "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "fp4", "fp4_recipe", "fp4_param",
+        "fp8_quantizer_factory", "fp4", "fp4_recipe", "fp4_param",
         "fp4_quantizer_factory", "te_precision_config_file", "reuse_grad_buf_for_mxfp8_param_ag",
         "use_kitchen_attention", "kitchen_attention_backend", "te_rng_tracker",
     ), _TE_PRECISION),
     **dict.fromkeys((
-        "context_parallel_size", "hierarchical_context_parallel_sizes", "max_seqlen_per_dp_cp_rank",
-        "hybrid_context_parallel", "outer_dp_sharding_strategy", "fsdp_double_buffer",
+        "max_seqlen_per_dp_cp_rank", "hybrid_context_parallel", "outer_dp_sharding_strategy", "fsdp_double_buffer",
         "enable_full_sharding_in_hsdp", "num_distributed_optimizer_instances",
         "fake_process_group", "dist_ckpt_optim_fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient",
     ), _LAYOUT),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
@@ -13,6 +13,10 @@ from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 from primus.runtime.context import RunContext
 from primus.runtime.preemption import Preempted
+
+if TYPE_CHECKING:
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
 
 
 def _with_tiny_assets(params: dict[str, Any], derived: list[tuple[str, Any, str]] | None = None) -> dict[str, Any]:
@@ -101,6 +105,17 @@ class TorchTitanAdapter(BackendAdapter):
             _with_tiny_assets(params, derived)
         return derived
 
+    def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
+        """A float8 converter the target cannot run (``float8.py``); the launch, dry-run, validate and plan ask."""
+        from primus.backends.torchtitan.float8 import admission_refusal
+        from primus.runtime.admission import Refusal
+
+        problem = admission_refusal(plan.module.params, target)
+        if problem is None:
+            return []
+        key, reason = problem
+        return [Refusal(key, "float8", f"cannot run on {target.describe()} ({reason})")]
+
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
         root = tiny_assets_dir(plan.module.params)
         if root is not None and hf_start.is_post_training(plan.module.params, plan.module.stage):
@@ -132,16 +147,18 @@ class TorchTitanAdapter(BackendAdapter):
                 raise ConfigError(f"{where}{full}: {path} does not exist")
 
     def run(self, plan: EnginePlan, ctx: RunContext) -> None:
-        from primus.backends.torchtitan.patches import apply_patches
+        from primus.backends.torchtitan.float8 import converted_linears
+        from primus.backends.torchtitan.patches import apply_float8_patches, apply_patches
 
-        for name in apply_patches():
+        cfg = plan.engine_config
+        float8 = [*apply_float8_patches()] if converted_linears(cfg.model_spec.model) else []
+        for name in [*apply_patches(), *float8]:
             ctx.logger.info("applied TorchTitan compatibility patch: %s", name)
         import torch.distributed as dist
 
         from primus.backends.torchtitan.hooks import with_primus_components
 
         plan.log_derived(ctx)
-        cfg = plan.engine_config
         if ctx.resume and not cfg.checkpoint.enable:
             ctx.logger.warning("--resume given but checkpoint.enable is false: starting from step 0")
         if cfg.checkpoint.enable and cfg.checkpoint.load_step < 0:  # (rel, #16) skip a damaged newest checkpoint

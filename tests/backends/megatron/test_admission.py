@@ -7,14 +7,15 @@ import pytest
 from primus.backends.megatron.admission import FEATURES, SWITCHES, VALUE_FEATURES, check_arguments
 from primus.backends.megatron.arguments import parse_args
 from primus.config.errors import ConfigError
-from primus.runtime.admission import Admission, Target
+from primus.plan.target import Target, named_target
+from primus.runtime.admission import Admission
 from primus.runtime.capabilities import CAPABILITIES
 
 TINY = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64, "train_iters": 10,
         "lr": 1e-3, "mock_data": True, "vocab_size": 512, "micro_batch_size": 1}
-CPU = Target("cpu", "cpu", False, "absent", present=True)
-MI300X = Target("mi300x", "rocm", True, "assumed", present=False)
-GPU_WITHOUT_TE = Target("h100", "cuda", True, "absent", present=True)
+CPU = Target("cpu")
+MI300X = named_target("mi300x")
+GPU_WITHOUT_TE = Target("cuda", (9, 0), "h100")  # present, Transformer Engine not importable
 
 
 def refusals(target, **overrides):
@@ -32,20 +33,20 @@ def test_every_feature_row_exists_and_every_switch_belongs_to_its_row():
 
 
 def test_a_refused_argument_is_one_line_naming_the_key_the_target_and_the_default():
-    found = refusals(CPU, fp8="e4m3")
-    assert list(found) == ["fp8"]
-    assert found["fp8"].startswith("'e4m3' cannot be honoured on cpu (FP8 training through Transformer Engine")
-    assert found["fp8"].endswith("(remove it or set it to Megatron-LM's default, None)")
-    error = Admission(CPU, "pre_trainer", check_arguments(parse_args({**TINY, "fp8": "e4m3"}), CPU)[0]).error()
-    assert "\n" not in error and error.startswith("modules.pre_trainer.fp8: 'e4m3' cannot be honoured on cpu")
+    found = refusals(CPU, fp4="e2m1")
+    assert list(found) == ["fp4"]
+    assert found["fp4"].startswith("'e2m1' cannot be honoured on cpu (FP4 training through Transformer Engine")
+    assert found["fp4"].endswith("(remove it or set it to Megatron-LM's default, None)")
+    error = Admission(CPU, "pre_trainer", check_arguments(parse_args({**TINY, "fp4": "e2m1"}), CPU)[0]).error()
+    assert "\n" not in error and error.startswith("modules.pre_trainer.fp4: 'e2m1' cannot be honoured on cpu")
 
 
 def test_every_refusal_is_listed_and_the_line_names_the_others():
     args = parse_args({**TINY, "fp8": "hybrid", "fp8_recipe": "tensorwise", "rampup_batch_size": None,
                        "use_legacy_models": True})
     found, _ = check_arguments(args, CPU)
-    assert {r.key for r in found} == {"fp8", "fp8_recipe", "use_legacy_models"}
-    assert Admission(CPU, "pre_trainer", found).error().endswith("(also refused on cpu: fp8_recipe, use_legacy_models)")
+    assert {r.key for r in found} == {"fp8", "use_legacy_models"}  # FP8's first refusal speaks for its recipe
+    assert Admission(CPU, "pre_trainer", found).error().endswith("(also refused on cpu: use_legacy_models)")
     with pytest.raises(ConfigError):
         Admission(CPU, "pre_trainer", found).check()
 
@@ -61,14 +62,16 @@ def test_the_precision_aware_optimizer_needs_transformer_engine_on_a_gpu():
     assert set(refusals(CPU, **settings)) == {"use_precision_aware_optimizer", "main_grads_dtype", "exp_avg_dtype",
                                                "exp_avg_sq_dtype"}
     assert "target cpu is a CPU" in refusals(CPU, **settings)["use_precision_aware_optimizer"]
-    assert "Transformer Engine, which is not installed" in refusals(GPU_WITHOUT_TE, **settings)["main_grads_dtype"]
+    assert "Transformer Engine, which is not importable" in refusals(GPU_WITHOUT_TE, **settings)["main_grads_dtype"]
     assert refusals(MI300X, **settings) == {}  # a named GPU: its training image's Transformer Engine assumed
 
 
 def test_a_features_settings_without_its_switch_have_no_effect_and_are_said():
     assert refusals(CPU, fp8_amax_history_len=1024, fp8_param_gather=True) == {}
-    said = notes(CPU, fp8_amax_history_len=1024)
-    assert said["fp8_amax_history_len"] == "no effect without fp8 (Megatron-LM reads it only then)"
+    assert notes(CPU, fp8_amax_history_len=1024)["fp8_amax_history_len"] == \
+        "accepted, no effect here: read only with fp8"  # te_features.inert_notes
+    said = notes(CPU, torch_fsdp2_reshard_after_forward=False)
+    assert said["torch_fsdp2_reshard_after_forward"] == "no effect without use_torch_fsdp2 (Megatron-LM reads it only then)"
 
 
 def test_ckpt_format_is_irrelevant_without_save_load_or_pretrained_checkpoint(monkeypatch):
@@ -102,14 +105,15 @@ def test_megatron_fsdp_needs_a_gpu_and_torch_fsdp2_runs_anywhere():
     assert refusals(CPU, **fsdp2) == {}
 
 
-def test_flipping_one_row_admits_the_feature(monkeypatch):
+def test_flipping_one_row_decides_the_feature(monkeypatch):
+    """FP8's row (GPU with Transformer Engine) decides before its recipes do: set to NOWHERE, no GPU runs it."""
     from primus.runtime import capabilities
 
-    assert "fp8" in refusals(MI300X, fp8="hybrid")
-    monkeypatch.setitem(capabilities.CAPABILITIES, "megatron.fp8",
-                        capabilities.Capability(capabilities.GPU_TE, "FP8 training through Transformer Engine"))
     assert refusals(MI300X, fp8="hybrid", fp8_recipe="tensorwise") == {}
-    assert "fp8" in refusals(CPU, fp8="hybrid")  # still needs a GPU with Transformer Engine
+    assert "fp8" in refusals(CPU, fp8="hybrid") and "fp8" in refusals(GPU_WITHOUT_TE, fp8="hybrid")
+    monkeypatch.setitem(capabilities.CAPABILITIES, "megatron.fp8",
+                        capabilities.Capability(capabilities.NOWHERE, "FP8 training through Transformer Engine"))
+    assert "not wired in Primus" in refusals(MI300X, fp8="hybrid", fp8_recipe="tensorwise")["fp8"]
 
 
 def test_arguments_wired_for_amd_files_are_admitted_on_a_cpu():
