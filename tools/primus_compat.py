@@ -160,7 +160,8 @@ def admission_refusals(path: Path, device: str) -> tuple[tuple[str, str], ...]:
     from primus.config.errors import ConfigError
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
-    from primus.runtime.admission import admit, target_for
+    from primus.plan.target import target_for
+    from primus.runtime.admission import admit
     from primus.runtime.registry import backend_defaults, backend_derived
 
     target = target_for(device)
