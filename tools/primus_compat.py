@@ -288,8 +288,13 @@ def _why(message: str) -> str:
     if re.search(r"cannot be (honoured|run) on ", message):
         text = re.sub(r"^.*?cannot be (honoured|run) on \S+ \(", "", message)
         text = re.sub(r"\)(; ignoring it would change the run.*|; supported: .*|)$", "", text)
-    else:  # an AMD Primus option: "<value>: <why> (AMD Primus option; refused on <device>)"
+    elif re.search(r"cannot run on (a CPU host|\S+ \([^)]*\)) \(", message):  # primus.plan.target's describe()
+        text = re.sub(r"^.*?cannot run on (a CPU host|\S+ \([^)]*\)) \(", "", message)[:-1]
+    elif message.endswith("(AMD Primus option; refused on " + message.rsplit(" ", 1)[-1]):
+        # an AMD Primus option: "<value>: <why> (AMD Primus option; refused on <device>)"
         text = re.sub(r" \(AMD Primus option; refused on \S+\)$", "", message.split(": ", 1)[-1])
+    else:
+        text = message
     return text if len(text) <= 160 else text[:157] + "..."
 
 
