@@ -54,7 +54,8 @@ modules:
 """
 FP8 = "work_group: AMD\nuser_name: root\nexp_name: f\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
       "    framework: megatron\n    config: pre_trainer.yaml\n    model: llama3_tiny.yaml\n    overrides:\n" \
-      "      mock_data: true\n      fp8: hybrid\n      ckpt_format: torch\n      save: null\n      load: null\n"
+      "      mock_data: true\n      fp8: hybrid\n      fp8_recipe: blockwise\n      ckpt_format: torch\n" \
+      "      save: null\n      load: null\n"
 MAXTEXT = "work_group: AMD\nuser_name: root\nexp_name: m\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
           "    framework: maxtext\n    config: pre_trainer.yaml\nenv:\n  XLA_FLAGS: x\n"
 ZEBRA = "work_group: AMD\nuser_name: root\nexp_name: z\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
@@ -104,8 +105,9 @@ def test_the_report_over_a_checkout(tmp_path, compat_tool, monkeypatch):
                          "examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml"}
     assert "| mi300x | pass |" in rows["examples/torchtitan/configs/MI300X/tiny-pretrain.yaml"]
     fp8 = rows["examples/megatron/configs/MI300X/tiny-fp8.yaml"]
-    assert "| mi300x | not admitted |" in fp8 and "modules.pre_trainer.fp8: 'hybrid' cannot be honoured on mi300x" in fp8
-    assert "| `fp8` | 1 | 1 | FP8 training through Transformer Engine: not wired" in text
+    # FP8 is admitted on an MI300X (Transformer Engine assumed), but not the blockwise recipe (no ROCm kernels)
+    assert "| mi300x | not admitted |" in fp8 and "modules.pre_trainer.fp8_recipe: 'blockwise' cannot run on mi300x" in fp8
+    assert "| `fp8_recipe` | 1 | 1 | the blockwise recipe needs NVIDIA SM 9.0+ with CUDA 12.9+" in text
     assert "ckpt_format" not in text  # AMD's ckpt_format: torch with save/load null: never a refusal
     assert "fail: validate" in rows["examples/megatron/configs/MI300X/tiny-typo.yaml"]
     assert "did you mean 'mock_data'?" in rows["examples/megatron/configs/MI300X/tiny-typo.yaml"]
