@@ -26,8 +26,8 @@ def test_transformer_engine_settings_are_refused_alike_on_cpu(run_primus, worksp
 
     if host_target().gpu:
         pytest.skip("a GPU host: admission asks its GPU and Transformer Engine")
-    for argv in (("config", "validate", EXAMPLE), ("train", EXAMPLE, "--dry-run")):
-        result = cli_in_process(*argv, *setting)
+    for argv in (("config", "validate", EXAMPLE, setting[0]), ("train", EXAMPLE, "--dry-run", *setting)):
+        result = cli_in_process(*argv)
         assert (result.returncode, result.stderr.strip().splitlines()) == (2, [line]), result.stderr
     result = run_primus("train", EXAMPLE, "exp_name=te", *setting)
     assert result.returncode == 2
