@@ -3,8 +3,9 @@
 A node's figures are its slowest rank's GEMM and memory bandwidth, its intra-node all-reduce bus
 bandwidth, and its inter-node link (``perf/pairwise.py``: its bandwidth paired with a healthy node).
 A node whose figure is below the median of the nodes by more than ``nodes.margin`` (thresholds.yaml)
-is named, with the evidence table behind it, and the named nodes become ``--exclude=a,b`` for
-sbatch / srun. A fleet with fewer than 4 nodes cannot pin a slow link on one node: said, not guessed.
+(for the link: a node the bisection found slow beside a healthy partner) is named, with the evidence
+table behind it, and the named nodes become ``--exclude=a,b`` for sbatch / srun. A fleet with fewer
+than 4 nodes cannot pin a slow link on one node: said, not guessed.
 """
 from __future__ import annotations
 
@@ -62,9 +63,13 @@ def judge_nodes(measurements: dict[str, Any], hosts: dict[int, str], pairwise: d
         if len(values) < (4 if key == "link" else 2):
             continue
         medians[key] = statistics.median(values.values())
-        for name, value in values.items():
-            if medians[key] > 0 and value < medians[key] * (1 - margin):
-                below.setdefault(name, []).append(key)
+        if key == "link" and "bad" in (pairwise or {}):  # the bisection's verdict: slow beside a healthy node
+            slow_nodes = [name for name in values if name in pairwise["bad"]]
+        else:
+            slow_nodes = [name for name, value in values.items()
+                          if medians[key] > 0 and value < medians[key] * (1 - margin)]
+        for name in slow_nodes:
+            below.setdefault(name, []).append(key)
     bad = [name for name in nodes if name in below]
     return {"margin": margin, "medians": medians, "nodes": nodes, "below": below, "bad": bad,
             "exclude": f"--exclude={','.join(bad)}" if bad else None,

@@ -57,6 +57,24 @@ def test_exactly_the_slow_nodes_are_named(speeds, expected):
     assert _bad(speeds)[0] == expected
 
 
+class MeasuredFleet(FleetModel):
+    """Pair figures as a loaded 4-node run measured them (GB/s): n4 throttled, n3 slowed by the load."""
+
+    FIGURES = {("n1", "n2"): 0.89, ("n3", "n4"): 0.003, ("n3", "n1"): 0.229, ("n4", "n2"): 0.0056}
+
+    def measure(self, pairs):
+        self.rounds.append(list(pairs))
+        return {pair: self.FIGURES[pair] for pair in pairs}
+
+
+def test_a_healthy_node_slowed_by_load_beside_the_bad_one_is_cleared():
+    fleet = MeasuredFleet({name: 0.0 for name in ("n1", "n2", "n3", "n4")})
+    pairwise = run_pairwise(fleet, margin=0.5)
+    hosts = {i: name for i, name in enumerate(fleet.speeds)}
+    judged = judge_nodes({"gemm": [], "membw": [], "collectives": []}, hosts, pairwise, load_thresholds())
+    assert pairwise["bad"] == ["n4"] and judged["bad"] == ["n4"]  # n3 (0.229) moves 40x what n4 does: cleared
+
+
 def _report(slow_gemm_rank: int | None = None, link: dict[str, float] | None = None):
     """4 single-GPU nodes (one rank each), GEMM and memory bandwidth per rank, optional pairwise figures."""
     hosts = {r: f"node{r + 1}" for r in range(4)}

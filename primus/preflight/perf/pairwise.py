@@ -125,7 +125,33 @@ def run_pairwise(runner: PairRunner, margin: float) -> dict[str, Any]:
         for (suspect, partner), value in measured.items():
             figures[suspect] = {"gbps": value, "partner": partner, "round": number}
     return {"size": runner.size, "local_ranks": runner.local, "reference_gbps": reference, "rounds": rounds,
-            "figures": figures, "slow_pairs": [list(p) for p in slow_pairs]}
+            "figures": figures, "slow_pairs": [list(p) for p in slow_pairs],
+            "bad": bad_links(first, slow_pairs, left, figures, margin)}
+
+
+RECOVERY = 2.0  # a suspect that, beside a healthy node, moves twice its slow partner's figure is cleared
+
+
+def bad_links(first: dict[tuple[str, str], float], slow_pairs: list[tuple[str, str]], left: list[str],
+              figures: dict[str, dict[str, Any]], margin: float) -> list[str]:
+    """The nodes that stay slow beside a healthy partner, judged against the healthy pairs' median.
+
+    A slow pair's better node is cleared when its own figure is at least ``RECOVERY`` times its old
+    partner's: on a busy host the healthy node's re-pair can itself fall below the margin, but it
+    stays far above the node that holds the bad link; when both nodes are bad, neither clears the other.
+    """
+    healthy = [value for pair, value in first.items() if pair not in slow_pairs]
+    if not healthy:
+        return []
+    floor = statistics.median(healthy) * (1 - margin)
+    bad = []
+    for a, b in slow_pairs:
+        for node, other in ((a, b), (b, a)):
+            mine, theirs = figures.get(node, {}).get("gbps"), figures.get(other, {}).get("gbps")
+            if mine is not None and mine < floor and (theirs is None or mine < RECOVERY * theirs):
+                bad.append(node)
+    bad += [node for node in left if node in figures and figures[node]["gbps"] < floor]
+    return bad
 
 
 def _rows(measured: dict[tuple[str, str], float]) -> list[dict[str, Any]]:
