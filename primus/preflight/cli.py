@@ -39,17 +39,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
     """(sizing, model, layout) of one module of an experiment, from its recipe's ``EnginePlan``."""
+    plan = plan_experiment(path, overrides, module_name, world_size)[0]
+    return plan.sizing, plan.model, plan.layout
+
+
+def plan_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None,
+                    target=None, *, admit: bool = False):
+    """(EnginePlan, Admission or None) of one module of an experiment, planned for ``target`` (default:
+    this host's device) and, with ``admit``, its admission on it (refusals listed, not raised)."""
     from primus.launch.experiment import resolve
     from primus.launch.job import plan_module, select_module
+    from primus.plan.target import host_target
+    from primus.runtime.admission import admit as admission_of
 
     resolved = resolve(path, overrides)
     module = select_module(resolved, module_name)
-    _, plan = plan_module(resolved, module, world_size, require_engine=False)
+    target = target or host_target()
+    adapter, plan = plan_module(resolved, module, world_size, require_engine=False, target=target)
+    admission = admission_of(adapter, plan, target, module.translations, resolved.provenance) if admit else None
     if plan.sizing is None or plan.model is None or plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
                           "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "
                           "a local pipeline with transformer/config.json or a known Hub name)")
-    return plan.sizing, plan.model, plan.layout
+    return plan, admission
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from primus.config.errors import ConfigError
 if TYPE_CHECKING:
     from primus.config.provenance import Provenance
     from primus.plan.sizing import Sizing
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
     from primus.runtime.context import RunContext
 
 ConfigT = TypeVar("ConfigT")  # the engine's own config object
@@ -152,9 +154,20 @@ class Recipe(ABC):
         Pure: reads files (a checkpoint's config.json) but writes none, registers nothing into the
         engine's tables, applies no patch. What ``prepare`` will build is described, not built."""
 
+    def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
+        """What the launch of ``plan`` on ``target`` would refuse (``primus.runtime.admission``): settings
+        the engine accepts but this recipe cannot run there. Empty: admitted. Asked by validate, plan,
+        --dry-run and the launch alike."""
+        return []
+
     def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
         """The files the run reads (data, tokenizer, checkpoints to load) exist and fit the model.
         Called before launching; ``primus config validate --check-paths`` calls it too."""
+
+    def resume_problem(self, plan: EnginePlan, resuming: bool) -> str | None:
+        """Why the checkpoint this plan would start from cannot be loaded at the plan's layout (a layout
+        change the engine cannot reshard), or None. Checked before any rank starts."""
+        return None
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> list[Derived]:
         """The launcher's one-time work before any rank starts (idempotent, file-locked): build the
@@ -193,8 +206,14 @@ class WrappingRecipe(Recipe):
         plan.recipe = self
         return plan
 
+    def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
+        return self.base.admit(plan, target)
+
     def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
         self.base.check_inputs(plan, provenance)
+
+    def resume_problem(self, plan: EnginePlan, resuming: bool) -> str | None:
+        return self.base.resume_problem(plan, resuming)
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> list[Derived]:
         return self.base.prepare(plan, log)
@@ -316,6 +335,14 @@ class BackendAdapter:
                        f"{module.prefix}.primus")
         stage = self.canonical_stage(module.stage, f"{module.prefix}.stage")
         return self.recipe(stage, module.params).plan(module, world_size, provenance, run_dir=run_dir, device=device)
+
+    def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
+        """What the launch of ``plan`` on ``target`` would refuse (``primus.runtime.admission``), by its recipe."""
+        return plan.recipe.admit(plan, target)
+
+    def resume_problem(self, plan: EnginePlan, resuming: bool) -> str | None:
+        """Why the checkpoint ``plan`` would start from cannot be loaded at its layout, by its recipe."""
+        return plan.recipe.resume_problem(plan, resuming)
 
     def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
         """Train ``plan`` on this rank (by the recipe that built it)."""

@@ -16,13 +16,6 @@ from primus.runtime.metrics import StepMetrics, StepReport
 from primus.runtime.reporter import MetricsReporter
 
 
-def host_device() -> str:
-    """"cuda" where torch sees an accelerator (ROCm torch says "cuda" too), else "cpu"."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class NonFiniteLoss(RuntimeError):
     """The global loss of a step is NaN or infinite: the run stops before that state is saved."""
 
@@ -46,6 +39,7 @@ class RunContext:
     stop: StopSignal = field(default_factory=StopSignal)
     stop_on_non_finite_loss: bool = True  # a backend turns it off when the user asked to continue
     save_last_checkpoint: bool = True  # primus.save_last_checkpoint (AMD Primus: disable_last_saving)
+    checkpoint_fail_on_error: bool = False  # primus.checkpoint.fail_on_error: a failed save stops the run
     # the rank's phase clock, straggler report and watchdog (primus.runtime.instruments)
     instruments: Instruments = field(default_factory=lambda: Instruments(PhaseClock(), None, None, 0))
 

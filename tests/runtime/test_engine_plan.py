@@ -17,11 +17,11 @@ TINY = {"torchtitan": ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.y
 COUNT_CHECKS = """
 import json, sys
 import primus.backends.megatron.arguments as arguments
-import primus.backends.megatron.support as support
+import primus.backends.megatron.admission as admission
 import primus.backends.megatron.validate_args as validate_args
 import primus.config.schema as schema
 from primus.cli.main import main
-calls = {"parse_args": 0, "primus_block": 0, "layout_split": 0, "layout_world": 0, "run_time_notes": 0}
+calls = {"parse_args": 0, "primus_block": 0, "layout_split": 0, "layout_world": 0, "admission": 0}
 
 def counted(module, name, key, when=lambda *a, **k: True):
     original = getattr(module, name)
@@ -34,7 +34,7 @@ counted(arguments, "parse_args", "parse_args")
 counted(schema, "validate_model", "primus_block", when=lambda model, *a, **k: model is schema.PrimusOptions)
 counted(validate_args, "_check_model_split", "layout_split")
 counted(validate_args, "_check_world", "layout_world")
-counted(support, "_run_time_notes", "run_time_notes")
+counted(admission, "_check_arguments", "admission")
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, **calls}))
 """
@@ -44,7 +44,8 @@ print(json.dumps({"code": code, **calls}))
 def test_each_check_runs_once_per_process(tmp_path):
     """`config validate`, `train --dry-run` and a one-rank `train` (its worker runs in the launcher's
     process and takes the launcher's plan) parse the Megatron arguments, validate the primus: block,
-    check the layout and (a run only) the run-time refusals exactly once each."""
+    check the layout and admit the arguments on this host exactly once each (the trainer's notes come
+    from the launcher's admission)."""
     env = {**os.environ, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path / "cache")}
     results = {}
     for name, args in {"validate": ["config", "validate", str(TINY["megatron"])],
@@ -53,10 +54,10 @@ def test_each_check_runs_once_per_process(tmp_path):
         out = subprocess.run([sys.executable, "-c", COUNT_CHECKS, *args], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=600)
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-    once = {"code": 0, "parse_args": 1, "primus_block": 1, "layout_split": 1}
-    assert results == {"validate": {**once, "layout_world": 0, "run_time_notes": 0},
-                       "dry-run": {**once, "layout_world": 1, "run_time_notes": 0},
-                       "train": {**once, "layout_world": 1, "run_time_notes": 1}}
+    once = {"code": 0, "parse_args": 1, "primus_block": 1, "layout_split": 1, "admission": 1}
+    assert results == {"validate": {**once, "layout_world": 0},
+                       "dry-run": {**once, "layout_world": 1},
+                       "train": {**once, "layout_world": 1}}
 
 
 @pytest.mark.e2e

@@ -241,8 +241,9 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
     ``dataloader``: the dataloader ``Config`` the section's keys apply to (default: TorchTitan's text
     dataloader); ``finish(cfg, attn_backend, fail)``: the recipe's last word on the final values."""
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer
+
+    from primus.backends.torchtitan.data import PrimusTextDataLoader
 
     ctx = BuildContext(provenance, prefix)
     for key in non_finite_numbers(params):
@@ -251,7 +252,7 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         if key in params:
             raise ctx.fail(key, f"is set by Primus ({owner}); remove it")
     attn = _attn_backend(params, device, ctx)
-    cfg = Trainer.Config(dataloader=dataloader if dataloader is not None else HuggingFaceTextDataLoader.Config())
+    cfg = Trainer.Config(dataloader=dataloader if dataloader is not None else PrimusTextDataLoader.Config())
     cfg.model_spec, spec = _model(params, attn, ctx)
     if hasattr(cfg.model_spec.model, "_primus_hf_config"):  # transformers backend: its Config carries hf_model
         from primus.backends.torchtitan.hooks import PrimusHFTrainer, _as
@@ -280,6 +281,8 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
     _derive_run_paths(cfg, run_dir, ctx)
     if device != "cuda":
         _derive_cpu_settings(cfg, ctx)  # before the engine's checks: e.g. CUDA graphs are refused with EP
+    else:
+        _derive_cuda_graphs(cfg, params, ctx)
     try:
         cfg.__post_init__()  # the engine's own cross-field invariants, on the final values
     except ValueError as exc:
@@ -387,6 +390,10 @@ def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
         cfg.training.disable_cuda_graphs = True
         ctx.derived.append(("training.disable_cuda_graphs", True, "no CUDA on this host"))
     _derive_cpu_bf16(cfg, ctx)
+    if cfg.checkpoint.async_mode == "async_with_pinned_mem":
+        cfg.checkpoint.async_mode = "async"
+        ctx.derived.append(("checkpoint.async_mode", "async", "pinned host memory needs CUDA: DCP's threaded async "
+                            "save, which stages the state in CPU memory, overlaps the write the same way"))
     if cfg.optimizer.implementation in ("fused", "fused_opt_states_bf16"):
         cfg.optimizer.implementation = "foreach"
         ctx.derived.append(("optimizer.implementation", "foreach", "fused AdamW kernels are CUDA-only"))
@@ -395,6 +402,20 @@ def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
         cfg.parallelism.spmd_backend = "partial_dtensor"
         ctx.derived.append(("parallelism.spmd_backend", "partial_dtensor",
                             "spmd_types fails with >1 rank on torch 2.13 CPU"))
+
+
+def _derive_cuda_graphs(cfg: Any, params: dict[str, Any], ctx: BuildContext) -> None:
+    """CUDA graphs are on by default in TorchTitan 0.3.0 (TorchTitan 0.2, which AMD Primus's files are
+    written for, had none), and its own check refuses them with pipeline parallelism or an expert-parallel
+    token dispatcher that synchronizes with the CPU. Unless the experiment asked for them, they are
+    switched off there, said in one line (the same math; TorchTitan's check asks for exactly this)."""
+    if cfg.training.disable_cuda_graphs or "disable_cuda_graphs" in (params.get("training") or {}):
+        return
+    try:
+        cfg._validate_cuda_graphs()
+    except ValueError as exc:
+        cfg.training.disable_cuda_graphs = True
+        ctx.derived.append(("training.disable_cuda_graphs", True, f"TorchTitan 0.3.0: {str(exc).split('. ')[0]}"))
 
 
 def _derive_cpu_bf16(cfg: Any, ctx: BuildContext) -> None:

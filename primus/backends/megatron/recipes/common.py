@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from primus.backends.megatron.lora import LoRAConfig
     from primus.config.provenance import Provenance
     from primus.plan.layout import ParallelLayout
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
     from primus.plan.model import ModelSpec
     from primus.runtime.context import RunContext
 
@@ -70,6 +72,7 @@ class MegatronRecipe(Recipe):
         """Megatron-LM arguments, parsed once; the layout checked against ``world_size`` when known."""
         from primus.backends.megatron.arguments import check_parallel_layout, parse_args
         from primus.backends.megatron.plan import describe
+        from primus.backends.megatron.tokenizers import plan_vocab
 
         keys = read_keys(module.params, module.prefix, provenance)
         instructions = self.instructions(keys, module, provenance)
@@ -86,7 +89,11 @@ class MegatronRecipe(Recipe):
                 derived.append(("bf16", False, reason))
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
-        model, layout = describe(args, module.params.get("model"), world_size)
+        vocab, vocab_source = plan_vocab(args)  # a plan never needs the tokenizer's files: they may be elsewhere
+        model, layout = describe(args, module.params.get("model"), world_size, vocab_size=vocab)
+        if not args.vocab_size:
+            derived.append(("vocab_size", vocab or "unknown", f"{vocab_source}; the run reads the tokenizer"
+                            if vocab else f"{vocab_source}: the plan counts no embedding or output layer"))
         if network_from_hub(module.params):  # provisional shapes only: no model to estimate before prepare fetches it
             model = None
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
@@ -103,12 +110,14 @@ class MegatronRecipe(Recipe):
     def check_inputs(self, plan: MegatronPlan, provenance: "Provenance | None" = None) -> None:
         check_post_training_inputs(plan, provenance=provenance)  # HF tensors vs the model, instruction files
         from primus.backends.megatron.data import DATA_KEYS, data_prefixes
+        from primus.backends.megatron.tokenizers import files_of
         from primus.compat.hub import is_hub_id
 
         args, prefix = plan.engine_config, plan.module.prefix
-        checks = []
-        if args.tokenizer_model and not is_hub_id(args.tokenizer_model):  # a Hub id: fetched by prepare
-            checks.append(("tokenizer_model", Path(args.tokenizer_model)))
+        # a Hub id (a HuggingFaceTokenizer's tokenizer_model) is fetched by prepare
+        checks = [(key, Path(path)) for key, path in files_of(args) if not is_hub_id(path)]
+        if args.pretrained_checkpoint:
+            checks.append(("pretrained_checkpoint", Path(args.pretrained_checkpoint)))
         # data_path and train/valid/test_data_path
         checks += [(key, Path(f"{p}.idx"))
                    for key, p in data_prefixes({key: getattr(args, key) for key in (*DATA_KEYS, "mock_data")})]
@@ -118,12 +127,22 @@ class MegatronRecipe(Recipe):
             if not path.exists() and not built_by_prepare(path, plan.module.params):
                 raise error_at(provenance, f"{prefix}.{key}", f"{path} does not exist")
 
-    def prepare(self, plan: MegatronPlan, log: Callable[[str], None]) -> list[Derived]:
-        # an argument that cannot be honoured here stops a real run now (exit 2, one line), before any
-        # rank starts; config validate / plan / --dry-run never call this (the file is valid Megatron-LM)
-        from primus.backends.megatron.support import run_time_notes
+    def admit(self, plan: MegatronPlan, target: "Target") -> "list[Refusal]":
+        """The Megatron-LM arguments this backend cannot honour on ``target`` (``admission.py``)."""
+        from primus.backends.megatron.admission import admit
 
-        run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
+        return admit(plan, target)
+
+    def resume_problem(self, plan: MegatronPlan, resuming: bool) -> str | None:
+        """torch_dist reshards; the legacy format and the distributed optimizer's default state do not
+        (``reshard.py``). The source is ``load`` when given (Megatron-LM's rule), else the run's own."""
+        from primus.backends.megatron.reshard import problem_for_run
+
+        args = plan.engine_config
+        root = Path(args.load) if args.load else (plan.checkpoint.directory if resuming else None)
+        return problem_for_run(args, plan.world_size, root) if root is not None else None
+
+    def prepare(self, plan: MegatronPlan, log: Callable[[str], None]) -> list[Derived]:
         root = tiny_assets_dir(plan.module.params)
         if root is None:
             from primus.backends.megatron.hub import localize_hub_references

@@ -4,17 +4,18 @@ every base weight frozen. The plan carries the adapters; the trainer adds them a
 are loaded, and ``export`` merges them (``W + alpha/dim * B A``)."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from primus.backends.megatron.lora import check_rank, lora_of
 from primus.config.provenance import error_at
-from primus.runtime.adapter import Derived, ModuleConfig, WrappingRecipe
+from primus.runtime.adapter import ModuleConfig, WrappingRecipe
 
 if TYPE_CHECKING:
     from primus.backends.megatron.recipes.common import MegatronPlan
     from primus.config.provenance import Provenance
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
 
 
 class MegatronLoRA(WrappingRecipe):
@@ -40,19 +41,16 @@ class MegatronLoRA(WrappingRecipe):
                     f"(alpha / dim); every base weight frozen{base}")
         return plan
 
-    def prepare(self, plan: "MegatronPlan", log: Callable[[str], None]) -> list[Derived]:
-        """LoRA wraps megatron-core's local linears; FP8 and context parallelism need Transformer Engine's
-        layers: a run asking for both stops here (validate admits the file, as AMD's LoRA-FP8 file is valid)."""
-        derived = super().prepare(plan, log)
-        if plan.lora is not None:
-            refuse_lora_on_te_layers(plan.module.prefix, plan.engine_config)
-        return derived
+    def admit(self, plan: "MegatronPlan", target: "Target") -> "list[Refusal]":
+        return super().admit(plan, target) + (lora_on_te_layers(plan.engine_config) if plan.lora is not None else [])
 
 
-def refuse_lora_on_te_layers(prefix: str, args) -> None:
+def lora_on_te_layers(args) -> "list[Refusal]":
     """LoRA wraps megatron-core's local linears; FP8 and context parallelism need Transformer Engine's layers."""
     from primus.backends.megatron.te_features import uses_context_parallel, uses_fp8
+    from primus.runtime.admission import Refusal
 
     if uses_fp8(args) or uses_context_parallel(args):
-        raise error_at(None, f"{prefix}.lora", "LoRA wraps megatron-core's local linears, and FP8 / context "
-                       "parallelism need Transformer Engine's layers: drop one")
+        return [Refusal("lora", "lora", "LoRA wraps megatron-core's local linears, and FP8 / context parallelism "
+                                        "need Transformer Engine's layers: drop one")]
+    return []

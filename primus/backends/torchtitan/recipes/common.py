@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from primus.backends.torchtitan import hf_start
+from primus.backends.torchtitan.checkpoint import STEP, foreign_checkpoint
 from primus.config.errors import ConfigError
 from primus.config.provenance import error_at
 from primus.data.tiny_assets import built_by_prepare, tiny_assets_dir
@@ -25,9 +26,10 @@ if TYPE_CHECKING:
     from primus.config.provenance import Provenance
     from primus.plan.layout import ParallelLayout
     from primus.plan.model import ModelSpec
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
     from primus.runtime.context import RunContext
 
-STEP = r"step-(\d+)"  # TorchTitan's name of one saved step (DCP)
 _TRAINER_STATE = ("optimizer", "lr_scheduler", "dataloader", "train_state")  # not model weights
 TorchTitanPlan = EnginePlan[Any, "ModelSpec", "ParallelLayout"]  # engine_config: torchtitan.trainer.Trainer.Config
 
@@ -87,17 +89,41 @@ class TorchTitanRecipe(Recipe):
         # a Hub id (meta-llama/Llama-3.1-8B) is fetched by prepare (primus/compat/hub.py)
         checks = [] if is_hub_id(cfg.hf_assets_path) else [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
         checks += [(f"dataloader.{key}", Path(path).expanduser()) for key in self.data_keys
-                   if (path := getattr(cfg.dataloader, key, None))]
+                   if (path := getattr(cfg.dataloader, key, None)) and getattr(cfg.dataloader, "dataset", None) != "mock"]
         for key, path in checks:
             if not path.exists() and not built_by_prepare(path, plan.module.params):
                 raise error_at(provenance, f"{prefix}.{key}", f"{path} does not exist")
 
     data_keys: tuple[str, ...] = ("dataset_path",)  # the dataloader's files check_inputs looks for
 
+    def admit(self, plan: TorchTitanPlan, target: "Target") -> "list[Refusal]":
+        """A float8 converter the target cannot run (``float8.py``); the launch, dry-run, validate and plan ask."""
+        from primus.backends.torchtitan.float8 import admission_refusal
+        from primus.runtime.admission import Refusal
+
+        problem = admission_refusal(plan.module.params, target)
+        if problem is None:
+            return []
+        key, reason = problem
+        return [Refusal(key, "float8", f"cannot run on {target.describe()} ({reason})")]
+
+    def resume_problem(self, plan: TorchTitanPlan, resuming: bool) -> str | None:
+        """DCP reshards the model and optimizer over any FSDP / TP / PP layout; TorchTitan's dataloader state
+        only at the data-parallel degree that wrote it (``data.py``)."""
+        from primus.backends.torchtitan.data import dataloader_problem
+        from primus.runtime.checkpoints import newest_usable
+
+        cfg = plan.engine_config
+        if not resuming or not cfg.checkpoint.enable or plan.world_size is None:
+            return None
+        step = cfg.checkpoint.load_step if cfg.checkpoint.load_step >= 0 else \
+            newest_usable(plan.checkpoint.directory, STEP, warn=lambda _message: None, foreign=foreign_checkpoint)
+        checkpoint = plan.checkpoint.directory / f"step-{step}"
+        return dataloader_problem(checkpoint, cfg, plan.world_size) if step is not None and checkpoint.is_dir() else None
+
     def prepare(self, plan: TorchTitanPlan, log: Callable[[str], None]) -> list:
         from primus.compat.hub import localize
 
-        _admit_float8(plan.module)
         if tiny_assets_dir(plan.module.params) is None:  # a tokenizer named by Hub id: this node's copy
             from primus.runtime.adapter import Derived
 
@@ -187,30 +213,6 @@ def _say_validation(trainer: Any, ctx: "RunContext") -> None:
         return original(loss, step, extra_metrics)
 
     processor.log_validation = log_validation
-
-
-def foreign_checkpoint(path: Path) -> str | None:
-    """A Megatron checkpoint under TorchTitan's step name: torch_dist's side files (``metadata.json``,
-    ``common.pt``) or Megatron-LM's legacy ``mp_rank_*`` folders. (The reverse cannot be told by its
-    files: Megatron's ``fsdp_dtensor`` format is a plain DCP directory too; the resume shape check
-    names it.)"""
-    if any(child.is_dir() and child.name.startswith("mp_rank_") for child in path.iterdir()):
-        return f"{path} holds a Megatron-LM legacy checkpoint (mp_rank_* folders), not TorchTitan's"
-    if (path / "metadata.json").exists() or (path / "common.pt").exists():
-        return f"{path} holds a Megatron checkpoint (metadata.json, common.pt), not TorchTitan's"
-    return None
-
-
-def _admit_float8(module: ModuleConfig) -> None:
-    """A float8 converter this host cannot run stops the launch in one line (``float8.py``)."""
-    from primus.backends.torchtitan.float8 import admission_refusal
-    from primus.plan.target import host_target
-
-    target = host_target()
-    problem = admission_refusal(module.params, target)
-    if problem:
-        key, reason = problem
-        raise error_at(None, f"{module.prefix}.{key}", f"cannot run on {target.describe()} ({reason})")
 
 
 def build_tiny_sft_assets(root: Path, log: Callable[[str], None]) -> None:

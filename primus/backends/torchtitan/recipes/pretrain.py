@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from primus.config.provenance import Provenance
     from primus.runtime.context import RunContext
 
-LOCAL_DATASETS = ("jsonl", "text")  # added to TorchTitan's DATASETS table when a run starts
+LOCAL_DATASETS = ("jsonl", "text", "mock")  # added to TorchTitan's DATASETS table when a run starts
 
 
 def with_tiny_assets(params: dict[str, Any], derived: list[tuple[str, Any, str]] | None = None) -> dict[str, Any]:
@@ -52,15 +52,18 @@ def register_local_datasets() -> None:
     DATASETS.setdefault("text", DatasetConfig(
         path="", sample_processor=lambda sample: sample["text"],
         loader=lambda path: load_dataset("text", data_files=files(path, "*.txt"), split="train")))
+    from primus.backends.torchtitan import mock_data
+
+    mock_data.register(DATASETS)  # AMD Primus's training.mock_data
 
 
 class TorchTitanPretrain(TorchTitanRecipe):
     stage = "pretrain"
 
     def dataloader_config(self) -> Any:
-        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+        from primus.backends.torchtitan.data import PrimusTextDataLoader
 
-        return HuggingFaceTextDataLoader.Config()
+        return PrimusTextDataLoader.Config()
 
     def derived_params(self, params: dict[str, Any]) -> list[tuple[str, Any, str]]:
         """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells.
