@@ -82,7 +82,7 @@ def test_sbatch_flags_after_double_dash():
 def test_elastic_nodes_min_max_reach_torchrun_and_need_restarts(tmp_path):
     import argparse
 
-    from primus.cli.train import node_count
+    from primus.launch.flags import node_count
 
     assert node_count("4") == 4 and node_count("2:4") == (2, 4)
     for bad in ("3:2", "0:2", "a:2", "2:"):
