@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.helpers import ROOT
+from tests.test_examples import AWAITING, DEVICE
 
 pytestmark = [pytest.mark.e2e]  # imports every engine in a fresh process (no engine runs)
 EXAMPLES = sorted(p.relative_to(ROOT) for p in (ROOT / "examples").rglob("*.yaml"))
@@ -54,8 +55,8 @@ for extra in ("torch.distributed.pipelining.schedules", "torchtitan.protocols.mo
     __import__(extra)
 before = attributes(engine_modules())
 codes = {}
-for exp in sys.argv[1:]:
-    for argv in (["config", "validate", exp], ["plan", exp], ["train", exp, "--dry-run"]):
+for exp, device in json.loads(sys.argv[1]):
+    for argv in (["config", "validate", exp, *device], ["plan", exp, *device], ["train", exp, "--dry-run", *device]):
         try:
             codes[" ".join(argv)] = main(argv)
         except SystemExit as exc:
@@ -122,12 +123,18 @@ def test_validate_plan_and_dry_run_write_nothing_and_patch_nothing(tmp_path):
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("PRIMUS_", "HF_", "XDG_")) and key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(HOME=str(home), TMPDIR=str(temp), PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-c", PROBE, *map(str, EXAMPLES)], cwd=copy, env=env,
+    # an example written for a device (tests/test_examples.py) is planned for it
+    examples = [(str(exp), next((["--device", d] for folder, d in DEVICE.items() if str(exp).startswith(f"examples/{folder}")),
+                                []))
+                for exp in EXAMPLES]
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(examples)], cwd=copy, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     codes = report["codes"]
-    assert all(code == 0 for argv, code in codes.items() if argv.startswith("config validate")), codes
+    awaiting = {f"examples/{name}" for name in AWAITING}  # refused by admission until its feature is wired
+    assert all(code == 0 for argv, code in codes.items()
+               if argv.startswith("config validate") and argv.split()[2] not in awaiting), codes
     assert all(code in (0, 1, 2) for code in codes.values()), codes  # 1: does not fit; 2: its data is not here
     assert report["changed"] == [] and report["function_modes"] == 0, report
     assert {"torchtitan.tools.utils device_type", "torch.distributed set_timeout"} <= set(report["control"]), report
