@@ -72,6 +72,9 @@ MOE_DEFAULTS: dict[str, Any] = {  # kept only with num_experts
 }
 MTP_DEFAULTS: dict[str, Any] = {"mtp_num_layers": None, "mtp_loss_scaling_factor": 0.1}  # kept only with MTP
 TOKENIZER_KEYS = ("tokenizer_type", "tokenizer_model")
+# Run settings AMD Primus's model presets carry (language_model.yaml) that change a run: kept under AMD's names.
+# sequence_parallel: true (Megatron-LM turns it off at tensor_model_parallel_size 1, here as there).
+AMD_RUN_KEYS: dict[str, Any] = {"sequence_parallel": False}
 PUBLISHED = "published"  # the folder of the published networks: model: published/<name>.yaml
 RENAMED = {"norm_epsilon": "layernorm_epsilon"}  # AMD's key -> Megatron-LM's dest (--norm-epsilon)
 # AMD Primus builds each of these as Megatron-LM's HuggingFaceTokenizer on tokenizer_model
@@ -241,6 +244,8 @@ def reduce(model: Model, amd: dict[str, Any], published: bool) -> tuple[dict[str
     kept = {key: values[key] for key, default in table.items()
             if values.get(key) is not None and (key in ALWAYS or values[key] != default)}
     kept.update({key: values[key] for key in TOKENIZER_KEYS if values.get(key) is not None})
+    if not published:  # what AMD Primus's preset turns on for every run of it (Megatron-LM's rules still apply)
+        kept.update({key: values[key] for key, default in AMD_RUN_KEYS.items() if values.get(key, default) != default})
     return kept, notes
 
 

@@ -49,8 +49,13 @@ def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
             print(f"OK {args.exp}: modules.{module.name} ({module.framework}, "
                   f"{'keys checked, engine not imported' if checked else 'schema only'})")
         else:
-            adapter, _ = plan_module(resolved, module, check_paths=args.check_paths)
+            adapter, plan = plan_module(resolved, module, check_paths=args.check_paths)
             print(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
-        for translation in module.translations:  # AMD Primus names (primus/compat)
+        for translation in module.translations:  # AMD Primus names (primus/compat), differs: lines among them
             print(f"  {translation.line()}")
+        if not args.no_engine:
+            from primus.compat.differs import engine_lines
+
+            for text in engine_lines(module, plan.engine_config):
+                print(f"  {text}")
     return 0

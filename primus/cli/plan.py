@@ -116,7 +116,8 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
 
         device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
-    model, layout = load_experiment(args.exp, overrides, args.module, given)
+    model, layout = load_experiment(args.exp, overrides, args.module, given,
+                                    say=lambda text: print(text, file=sys.stderr))  # stdout may be --json
     world = given or layout.world_size
     text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given)
     if args.json:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.compat import differs
 from primus.compat.rules import custom, inert, kernel, negated, rename, switch, table, unsupported
 
 TURBO = "Primus-Turbo kernel switch"
@@ -81,17 +82,31 @@ def _model_type(value: Any, ctx, key: str) -> None:
                         f"GPT models (no Mamba/hybrid, Flux or other diffusion models)")
 
 
-def _option_spelling(dest: str, option: str):
-    """AMD files spell some arguments by option (norm_epsilon) while our presets use the dest: the later
-    layer wins; in one file both, the dest wins, as in AMD Primus (Megatron reads the dest)."""
+def _dropped_option(dest: str, option: str):
+    """AMD Primus hands Megatron-LM only argument dests (its MegatronArgBuilder drops any other key), so an
+    option spelling (``norm_epsilon`` for ``--norm-epsilon``, whose dest is ``layernorm_epsilon``) never runs
+    there: here neither, said in a ``differs:`` line when its value is not what runs."""
     def apply(value: Any, ctx, key: str) -> None:
-        here, there = ctx.last_source(key), ctx.last_source(dest)
-        if dest in ctx.params and here is not None and there is not None and there.label == here.label:
-            ctx.note(key, value, f"Megatron-LM's {option} stores {dest}, which {there.where} sets: it wins, as in "
-                                 f"AMD Primus")
-            return
-        ctx.set(key, value, dest, f"Megatron-LM's {option} stores {dest}")
+        from primus.backends.megatron.schema import megatron_lm_table
+
+        runs = ctx.get(dest, megatron_lm_table()[dest].default)
+        why = (f"AMD Primus drops {key}: not a Megatron-LM d3528a2 argument dest ({option} stores {dest}); "
+               f"write {dest} to set it")
+        if value == runs:
+            ctx.note(key, value, why)
+        else:
+            differs.record(ctx, key, value, dest, runs, why)
     return apply
+
+
+def _dataloader_type(value: Any, ctx, key: str) -> None:
+    """AMD Primus's module presets say ``cyclic`` (a shuffled order each epoch); the Megatron backend runs
+    Megatron-LM's sequential pretraining sampler only."""
+    if value != "cyclic":
+        ctx.params[key] = value
+        return
+    differs.record(ctx, key, value, key, "single", "Primus's Megatron backend reads the samples in Megatron-LM's "
+                   "sequential order (single); cyclic reshuffles each epoch: same data, another order")
 
 
 def _activation_func(value: Any, ctx, key: str) -> None:
@@ -141,9 +156,10 @@ def _family(prefix: str, family: str):
 RULES = table(
     # -- Megatron-LM options AMD Primus's experiments spell by option name while our model presets
     # use the argument's dest: the later layer must win, as for any key (the backend takes either) --
-    custom("norm_epsilon", "option spelling", _option_spelling("layernorm_epsilon", "--norm-epsilon")),
+    custom("norm_epsilon", "option spelling", _dropped_option("layernorm_epsilon", "--norm-epsilon")),
     custom("apply_layernorm_1p", "option spelling",
-           _option_spelling("layernorm_zero_centered_gamma", "--apply-layernorm-1p")),
+           _dropped_option("layernorm_zero_centered_gamma", "--apply-layernorm-1p")),
+    custom("dataloader_type", "the sampler order", _dataloader_type),
     rename("check_for_nan_in_loss", "check_for_nan_in_loss_and_grad", "Megatron-LM's argument for it"),
     custom("activation_func", "the MLP activation", _activation_func),
     # -- logging and metrics (primus_megatron_module.yaml, trainer_base.yaml) ------------------

@@ -39,7 +39,7 @@ class Translation:
     value: Any
     target: str | None  # our dotted key (experiment-level ones start with "logging.")
     why: str
-    kind: str = "rename"  # rename | inert | kernel | refuse_at_run | stage
+    kind: str = "rename"  # rename | inert | kernel | refuse_at_run | stage | differs
     where: str = ""  # file:line of the AMD key
     target_value: Any = None
 
@@ -50,6 +50,8 @@ class Translation:
         object.__setattr__(self, "target_value", shown_value(self.target or self.source, self.target_value))
 
     def line(self) -> str:
+        if self.kind == "differs":  # a change of meaning is never called a translation
+            return f"differs: {self.source}={_show(self.value)} → {self.target}={_show(self.target_value)} runs ({self.why})"
         if self.kind in ("rename", "stage"):
             outcome = f"{self.target}={_show(self.target_value)}"
         else:
@@ -64,6 +66,11 @@ class Translation:
     def from_dict(cls, data: dict[str, Any]) -> "Translation":
         return cls(data["from"], data.get("value"), data.get("to"), data.get("why", ""), data.get("kind", "rename"),
                    data.get("where", ""), data.get("to_value"))
+
+
+def show(value: Any) -> str:
+    """A value as the lines print it (YAML's true/false/null, long values cut)."""
+    return _show(value)
 
 
 def _show(value: Any) -> str:

@@ -326,6 +326,9 @@ def run_time_notes(args, given: set[str], module: str = "pre_trainer", *,
             continue
         if dest in NEEDS_GPU and not target.gpu:
             raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be run on a CPU ({NEEDS_GPU[dest]})")
+        if dest.startswith("muon_") and "muon" not in str(args.optimizer):  # AMD's presets say 0.95
+            notes.append((dest, value, f"accepted, no effect here: read only with optimizer muon ({args.optimizer} runs)"))
+            continue
         if support.kind == REFUSED_KIND:
             raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be honoured here ({support.reason}); "
                               "ignoring it would change the run, so training stops "
