@@ -99,16 +99,6 @@ def _dropped_option(dest: str, option: str):
     return apply
 
 
-def _dataloader_type(value: Any, ctx, key: str) -> None:
-    """AMD Primus's module presets say ``cyclic`` (a shuffled order each epoch); the Megatron backend runs
-    Megatron-LM's sequential pretraining sampler only."""
-    if value != "cyclic":
-        ctx.params[key] = value
-        return
-    differs.record(ctx, key, value, key, "single", "Primus's Megatron backend reads the samples in Megatron-LM's "
-                   "sequential order (single); cyclic reshuffles each epoch: same data, another order")
-
-
 def _activation_func(value: Any, ctx, key: str) -> None:
     if str(value).lower() in ("swiglu", "silu"):
         ctx.set(key, True, "swiglu", "AMD Primus's activation_func: swiglu is Megatron-LM's --swiglu")
@@ -159,7 +149,6 @@ RULES = table(
     custom("norm_epsilon", "option spelling", _dropped_option("layernorm_epsilon", "--norm-epsilon")),
     custom("apply_layernorm_1p", "option spelling",
            _dropped_option("layernorm_zero_centered_gamma", "--apply-layernorm-1p")),
-    custom("dataloader_type", "the sampler order", _dataloader_type),
     rename("check_for_nan_in_loss", "check_for_nan_in_loss_and_grad", "Megatron-LM's argument for it"),
     custom("activation_func", "the MLP activation", _activation_func),
     # -- logging and metrics (primus_megatron_module.yaml, trainer_base.yaml) ------------------
