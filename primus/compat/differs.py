@@ -15,7 +15,7 @@ from primus.compat.rules import Translation, show
 
 
 def line(key: str, file_value: Any, runs: str, why: str) -> str:
-    return f"differs: {key}={show(file_value)} → {runs} runs ({why})"
+    return f"differs: {key}={show(file_value, cut=False)} → {runs} runs ({why})"
 
 
 def notes_without_differences(engine_config: Any) -> list[tuple[str, Any, str, str]]:
@@ -41,7 +41,7 @@ def engine_lines(module: Any, engine_config: Any) -> list[str]:
     for key, value, reason, level in notes:
         given = written.get(key)
         if level == "warning" or (key in written and given is not None and given != value):
-            out.append(line(key, given, f"{key}={show(value)}", reason))
+            out.append(line(key, given, f"{key}={show(value, cut=False)}", reason))
     return out
 
 

@@ -82,11 +82,23 @@ def _model_type(value: Any, ctx, key: str) -> None:
                         f"GPT models (no Mamba/hybrid, Flux or other diffusion models)")
 
 
-def _dropped_option(dest: str, option: str):
-    """AMD Primus hands Megatron-LM only argument dests (its MegatronArgBuilder drops any other key), so an
-    option spelling (``norm_epsilon`` for ``--norm-epsilon``, whose dest is ``layernorm_epsilon``) never runs
-    there: here neither, said in a ``differs:`` line when its value is not what runs."""
+def _option_spelling(dest: str, option: str):
+    """Megatron-LM's option spelling of an argument (``norm_epsilon`` for ``--norm-epsilon``, whose dest is
+    ``layernorm_epsilon``). A Primus experiment gets it under the dest (the later layer wins; in one file
+    both, the dest wins). AMD Primus hands Megatron-LM argument dests only (its MegatronArgBuilder drops any
+    other key), so in an AMD Primus-format file (primus/compat/dialect.py) it does not run, here neither:
+    said in a ``differs:`` line when its value is not what runs."""
     def apply(value: Any, ctx, key: str) -> None:
+        if ctx.amd_format:
+            _dropped(value, ctx, key)
+            return
+        here, there = ctx.last_source(key), ctx.last_source(dest)
+        if dest in ctx.params and here is not None and there is not None and there.label == here.label:
+            ctx.note(key, value, f"Megatron-LM's {option} stores {dest}, which {there.where} sets: it wins")
+            return
+        ctx.set(key, value, dest, f"Megatron-LM's {option} stores {dest}")
+
+    def _dropped(value: Any, ctx, key: str) -> None:
         from primus.backends.megatron.schema import megatron_lm_table
 
         runs = ctx.get(dest, megatron_lm_table()[dest].default)
@@ -146,9 +158,9 @@ def _family(prefix: str, family: str):
 RULES = table(
     # -- Megatron-LM options AMD Primus's experiments spell by option name while our model presets
     # use the argument's dest: the later layer must win, as for any key (the backend takes either) --
-    custom("norm_epsilon", "option spelling", _dropped_option("layernorm_epsilon", "--norm-epsilon")),
+    custom("norm_epsilon", "option spelling", _option_spelling("layernorm_epsilon", "--norm-epsilon")),
     custom("apply_layernorm_1p", "option spelling",
-           _dropped_option("layernorm_zero_centered_gamma", "--apply-layernorm-1p")),
+           _option_spelling("layernorm_zero_centered_gamma", "--apply-layernorm-1p")),
     rename("check_for_nan_in_loss", "check_for_nan_in_loss_and_grad", "Megatron-LM's argument for it"),
     custom("activation_func", "the MLP activation", _activation_func),
     # -- logging and metrics (primus_megatron_module.yaml, trainer_base.yaml) ------------------

@@ -51,7 +51,8 @@ class Translation:
 
     def line(self) -> str:
         if self.kind == "differs":  # a change of meaning is never called a translation
-            return f"differs: {self.source}={_show(self.value)} → {self.target}={_show(self.target_value)} runs ({self.why})"
+            return (f"differs: {self.source}={_show(self.value, cut=False)} → "
+                    f"{self.target}={_show(self.target_value, cut=False)} runs ({self.why})")
         if self.kind in ("rename", "stage"):
             outcome = f"{self.target}={_show(self.target_value)}"
         else:
@@ -68,16 +69,17 @@ class Translation:
                    data.get("where", ""), data.get("to_value"))
 
 
-def show(value: Any) -> str:
-    """A value as the lines print it (YAML's true/false/null, long values cut)."""
-    return _show(value)
+def show(value: Any, cut: bool = True) -> str:
+    """A value as the lines print it (YAML's true/false/null; long values cut unless ``cut`` is false:
+    a ``differs:`` line says in full what runs, e.g. a pipeline layout)."""
+    return _show(value, cut)
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, cut: bool = True) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     text = "null" if value is None else str(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= 60 or not cut else text[:57] + "..."
 
 
 @dataclass(frozen=True)

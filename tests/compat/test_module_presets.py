@@ -26,7 +26,8 @@ def merged(path):
 
 @pytest.mark.parametrize("framework, name", [(f, n) for f, names in AMD_NAMES.items() for n in names])
 def test_amd_module_preset_names_exist_and_use_our_names_only(framework, name):
-    data = merged(CONFIGS_ROOT / "modules" / framework / name)
+    amd = CONFIGS_ROOT / "modules" / framework / "amd" / name
+    data = merged(CONFIGS_ROOT / "modules" / framework / name) | (merged(amd) if amd.is_file() else {})
     amd_only = (set(TABLES[framework]) | set(common.RULES)) - {"stage"}  # a preset may name its stage
     assert not amd_only & set(data), "our presets never need a translation line"
 
@@ -34,12 +35,19 @@ def test_amd_module_preset_names_exist_and_use_our_names_only(framework, name):
 AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo"))
 
 
-def test_megatron_module_presets_say_what_amd_primus_says():
-    """AMD Primus's defaults (its pre_trainer.yaml), not ours: the keys the issue's comparison named."""
-    pre = yaml.safe_load((MEGATRON / "pre_trainer.yaml").read_text())
+def test_amd_megatron_module_presets_say_what_amd_primus_says():
+    """AMD Primus's defaults (its pre_trainer.yaml) for its files: the keys the issue's comparison named."""
+    pre = yaml.safe_load((MEGATRON / "amd" / "pre_trainer.yaml").read_text())
     assert pre["eval_iters"] == 0 and pre["distributed_timeout_minutes"] == 60 and pre["lr"] == 2.0e-5
     assert pre["global_batch_size"] == 16 and pre["micro_batch_size"] == 2 and pre["seq_length"] == 1024
-    assert merged(MEGATRON / "sft_trainer.yaml")["stage"] == "sft"
+    assert merged(MEGATRON / "amd" / "sft_trainer.yaml")["stage"] == "sft"
+
+
+def test_primus_megatron_module_presets_keep_primus_defaults():
+    """Primus's own experiments (no AMD Primus-only key) read Primus's presets of the same names."""
+    pre = merged(MEGATRON / "pre_trainer.yaml")
+    assert pre["eval_iters"] == 10 and pre["lr"] == 3.0e-4 and "global_batch_size" not in pre
+    assert "dataloader_type" not in pre
 
 
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR})")
