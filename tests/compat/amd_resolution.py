@@ -12,21 +12,23 @@ def amd_table() -> dict[str, Any]:
     return json.loads(TABLE.read_text())
 
 
-def primus_arguments(path: Path, keys: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
-    """({module: {key: value Primus runs}}, {module: its differs: lines}) for one experiment file."""
+def primus_arguments(path: Path, keys: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]],
+                                                           dict[str, str]]:
+    """({module: {key: value Primus runs}}, {module: its differs: lines}, {module: stage}) for one file."""
     from primus.compat.differs import lines_for
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(path, [], backend_defaults, backend_derived)
-    values, lines = {}, {}
+    values, lines, stages = {}, {}, {}
     for name, module in resolved.modules.items():
         _, plan = plan_module(resolved, module, None, require_engine=False)
         args = plan.engine_config
         values[name] = {key: _plain(getattr(args, key, None)) for key in keys}
         lines[name] = lines_for(module, args)
-    return values, lines
+        stages[name] = module.stage
+    return values, lines, stages
 
 
 def _plain(value: Any) -> Any:

@@ -140,7 +140,8 @@ def translate(framework: str, key: str, value, beside=None):
             params.setdefault(name, {}).update(given)
         else:
             params[name] = given
-    ctx = CompatContext("pre_trainer", framework, params, "pretrain", False, {"logging": {}}, Provenance())
+    ctx = CompatContext("pre_trainer", framework, params, "pretrain", False, {"logging": {}}, Provenance(),
+                        amd_format=True)  # each key as an AMD Primus file has it
     rules = ALL[framework] if framework == "common" else {**common.RULES, **ALL[framework]}
     apply_rules(ctx, rules)
     return ctx
