@@ -15,13 +15,6 @@ from primus.runtime.preemption import StopSignal
 from primus.runtime.metrics import MetricsReporter, StepMetrics, StepReport
 
 
-def host_device() -> str:
-    """"cuda" where torch sees an accelerator (ROCm torch says "cuda" too), else "cpu"."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class NonFiniteLoss(RuntimeError):
     """The global loss of a step is NaN or infinite: the run stops before that state is saved."""
 
