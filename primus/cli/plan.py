@@ -95,7 +95,8 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
 
     target = target_for(args.device)  # the plan's dtypes are the target's, never this host's CPU's
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
-    plan, admission = plan_experiment(args.exp, overrides, args.module, given, target, admit=True)
+    plan, admission = plan_experiment(args.exp, overrides, args.module, given, target, admit=True,
+                                       say=lambda text: print(text, file=sys.stderr))  # stdout may be --json
     model, layout = plan.model, plan.layout
     world = given or layout.world_size
     text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given,

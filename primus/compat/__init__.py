@@ -13,26 +13,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from primus.compat import common, megatron, nemo_automodel, torchtitan
+from primus.compat import common
+from primus.compat.dialect import amd_marker, unread_lines, unread_top_level
 from primus.compat.families import framework_reason, model_reason
-from primus.compat.rules import Rule, Translation
+from primus.compat.rules import Translation
+from primus.compat.tables import TABLES
 from primus.compat.translate import CompatContext, apply_rules
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
-
-TABLES: dict[str, dict[str, Rule]] = {
-    "megatron": megatron.RULES,
-    "torchtitan": torchtitan.RULES,
-    "nemo_automodel": nemo_automodel.RULES,
-}
 
 __all__ = ["AMD_PRIMUS", "TABLES", "Translation", "translate_module"]
 
 
 def translate_module(name: str, framework: str, params: dict[str, Any], *, stage: str, stage_explicit: bool,
-                     experiment: dict[str, Any], provenance: Provenance) -> tuple[str, list[Translation]]:
-    """Rewrite ``params`` (and ``experiment``'s logging) in place; return the stage and the translations."""
-    ctx = CompatContext(name, framework, params, stage, stage_explicit, experiment, provenance)
+                     experiment: dict[str, Any], provenance: Provenance,
+                     amd_format: bool = False) -> tuple[str, list[Translation]]:
+    """Rewrite ``params`` (and ``experiment``'s logging) in place; return the stage and the translations.
+    ``amd_format``: the module is in AMD Primus's format (``dialect.amd_marker``): AMD's dropping rules apply."""
+    ctx = CompatContext(name, framework, params, stage, stage_explicit, experiment, provenance,
+                        amd_format=amd_format)
     apply_rules(ctx, common.RULES)
     apply_rules(ctx, TABLES.get(framework, {}))
     return ctx.stage, ctx.translations
@@ -62,13 +61,27 @@ class AmdPrimus:
                                   f"'{module['trainer_class']}' is not a Primus trainer: the framework's own trainer "
                                   f"runs (remove trainer_class)")
 
+    presets = "amd"  # AMD Primus's module presets: primus/configs/modules/<framework>/amd/
+
     def unknown_model(self, framework: str, model: str) -> str | None:
         return model_reason(framework, model)
 
+    def owns(self, framework: str, overrides: dict[str, Any] | None) -> bool:
+        """An AMD Primus-only key among the module's overrides (``dialect.amd_marker``)."""
+        return amd_marker(framework, overrides) is not None
+
+    def unread_top_level(self, experiment: dict[str, Any], known: set[str]) -> dict[str, Any]:
+        return unread_top_level(experiment, known)
+
+    def unread_lines(self, unread: dict[str, Any], where: dict[str, str], module: str,
+                     params: dict[str, Any]) -> list[Translation]:
+        return unread_lines(unread, where, module, params)
+
     def translate(self, name: str, framework: str, params: dict[str, Any], *, stage: str, stage_explicit: bool,
-                  experiment: dict[str, Any], provenance: Provenance) -> tuple[str, list[Translation]]:
+                  experiment: dict[str, Any], provenance: Provenance, own_format: bool = False
+                  ) -> tuple[str, list[Translation]]:
         return translate_module(name, framework, params, stage=stage, stage_explicit=stage_explicit,
-                                experiment=experiment, provenance=provenance)
+                                experiment=experiment, provenance=provenance, amd_format=own_format)
 
 
 AMD_PRIMUS = AmdPrimus()

@@ -38,8 +38,20 @@ class Dialect(Protocol):
     def unknown_model(self, framework: str, model: str) -> str | None:
         """Why a model preset of that name is not here (None: no reason known)."""
 
+    presets: str  # the folder of the dialect's own module presets, under ``modules/<framework>/``
+
+    def owns(self, framework: str, overrides: dict[str, Any] | None) -> bool:
+        """Is a module with these ``overrides`` written in the dialect's own format (resolved as it resolves)?"""
+
+    def unread_top_level(self, experiment: dict[str, Any], known: set[str]) -> dict[str, Any]:
+        """Top-level keys the dialect's parser never reads, removed from ``experiment`` and returned."""
+
+    def unread_lines(self, unread: dict[str, Any], where: dict[str, str], module: str,
+                     params: dict[str, Any]) -> list[Any]:
+        """One record per unread key: what the module runs instead."""
+
     def translate(self, name: str, framework: str, params: dict[str, Any], *, stage: str, stage_explicit: bool,
-                  experiment: dict[str, Any], provenance: Provenance) -> tuple[str, list[Any]]:
+                  experiment: dict[str, Any], provenance: Provenance, own_format: bool) -> tuple[str, list[Any]]:
         """Rewrite ``params`` (and ``experiment``'s logging) in place; the stage and the translations."""
 
 
@@ -136,13 +148,18 @@ def _overrides_as_layer(name: str, spec: ModuleSpec, provenance: Provenance) -> 
 
 
 def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenance: Provenance,
-                   dialect: Dialect | None) -> list[Layer]:
-    layers: list[Layer] = []
+                   dialect: Dialect | None, own_format: bool = False) -> list[Layer]:
+    """The module preset's layers, then the model preset's (later wins). A module in the dialect's own
+    format (``own_format``) reads the dialect's module presets first (``modules/<framework>/<dialect.presets>/``)
+    and, as that project merges them, its module preset wins over its model preset."""
+    module_layers: list[Layer] = []
     if module.config:
-        path = find_preset(module.config, [CONFIGS_ROOT / "modules" / module.framework],
+        folder = CONFIGS_ROOT / "modules" / module.framework
+        path = find_preset(module.config, [folder / dialect.presets, folder] if own_format else [folder],
                            relative_to=experiment_dir, what="module preset",
                            where=provenance.describe(f"modules.{name}.config"))
-        layers += load_with_extends(path, "module preset")
+        module_layers = load_with_extends(path, "module preset")
+    layers: list[Layer] = []
     if module.model:
         try:
             path = find_preset(module.model, [CONFIGS_ROOT / "models" / module.framework,
@@ -156,7 +173,7 @@ def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenan
             raise ConfigError(f"{provenance.describe(f'modules.{name}.model')}: model preset '{module.model}': "
                               f"{reason}") from None
         layers += load_with_extends(path, "model preset")
-    return layers
+    return layers + module_layers if own_format else module_layers + layers
 
 
 def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
@@ -179,8 +196,11 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     experiment_items, param_items = _route(items, module_names)
     if experiment_items:
         merge_layer(experiment, overrides_layer(experiment_items), provenance)
+    unread: dict[str, Any] = {}
     if dialect is not None:  # before the schema: other trainers' files differ in more ways
         dialect.refuse(experiment, provenance)
+        unread = dialect.unread_top_level(experiment, _EXPERIMENT_KEYS)  # e.g. AMD Primus's modules:-less LoRA file
+    unread_where = {key: provenance.describe(key) for key in unread}
     remember_secrets(experiment)  # from here on, errors mask them
     spec: ExperimentSpec = validate_model(ExperimentSpec, experiment, provenance)
 
@@ -195,31 +215,35 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
                                         provenance.describe(f"{prefix}.stage"))
             merge_layer(params, Layer("backend defaults", defaults,
                                       {}, {}), provenance, prefix=prefix)
-        for layer in _preset_layers(name, module, source.resolve().parent, provenance, dialect):
+        own_format = dialect is not None and dialect.owns(module.framework, module.overrides)
+        for layer in _preset_layers(name, module, source.resolve().parent, provenance, dialect, own_format):
             merge_layer(params, layer, provenance, prefix=prefix)
         merge_layer(params, _overrides_as_layer(name, module, provenance), provenance, prefix=prefix)
         if param_items.get(name):
             merge_layer(params, overrides_layer(param_items[name]), provenance, prefix=prefix)
         stage, translations = module.stage, []
         if dialect is not None:
-            stage, translations = _translate(dialect, name, module, params, spec, provenance, stage_explicit)
+            stage, translations = _translate(dialect, name, module, params, spec, provenance, stage_explicit,
+                                             own_format)
         remember_secrets(params)
         if derive is not None:  # last: what Primus derives wins, and says so (--why, provenance.overridden)
             for key, value, reason in derive(module.framework, params, stage):
                 _set_dotted(params, key, value)
                 provenance.record_derived(f"{prefix}.{key}", value, reason)
+        if unread:
+            translations += dialect.unread_lines(unread, unread_where, name, params)
         modules[name] = ResolvedModule(name, module.framework, stage, module.config, module.model, params,
                                        translations)
     return ResolvedExperiment(source=source, spec=spec, modules=modules, provenance=provenance)
 
 
 def _translate(dialect: Dialect, name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,
-               provenance: Provenance, stage_explicit: bool):
+               provenance: Provenance, stage_explicit: bool, own_format: bool):
     """The dialect's spellings -> ours, in place; the module's stage may follow them."""
     experiment = {"logging": spec.logging.model_dump()}
     stage, translations = dialect.translate(name, module.framework, params, stage=module.stage,
                                             stage_explicit=stage_explicit, experiment=experiment,
-                                            provenance=provenance)
+                                            provenance=provenance, own_format=own_format)
     spec.logging = validate_model(LoggingSpec, experiment["logging"], provenance, "logging")
     return stage, translations
 

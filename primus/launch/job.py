@@ -180,6 +180,10 @@ def _print_dry_run(job: Job, admission: Admission) -> None:
     print(f"processes:  {job.plan.world_size} ({job.plan.nnodes} node(s) x {job.plan.nproc_per_node})")
     print(f"admission:  {admission.summary()}")
     print(f"command:    {job.plan.describe(TRAIN_TARGET, job.run_dir.payload)}")
+    from primus.compat.differs import lines_for
+
+    for text in lines_for(module, job.engine_plan.engine_config):  # what the files say and what runs differ
+        print(text)
 
 
 def _say(message: str) -> None:

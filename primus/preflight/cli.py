@@ -44,9 +44,10 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
 
 
 def plan_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None,
-                    target=None, *, admit: bool = False):
+                    target=None, *, admit: bool = False, say=None):
     """(EnginePlan, Admission or None) of one module of an experiment, planned for ``target`` (default:
-    this host's device) and, with ``admit``, its admission on it (refusals listed, not raised)."""
+    this host's device) and, with ``admit``, its admission on it (refusals listed, not raised); ``say``
+    gets each ``differs:`` line (what the files say and what runs)."""
     from primus.launch.experiment import resolve
     from primus.launch.job import plan_module, select_module
     from primus.plan.target import host_target
@@ -57,6 +58,11 @@ def plan_experiment(path: str, overrides: list[str], module_name: str | None, wo
     target = target or host_target()
     adapter, plan = plan_module(resolved, module, world_size, require_engine=False, target=target)
     admission = admission_of(adapter, plan, target, module.translations, resolved.provenance) if admit else None
+    if say is not None:
+        from primus.compat.differs import lines_for
+
+        for text in lines_for(module, plan.engine_config):
+            say(text)
     if plan.sizing is None or plan.model is None or plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
                           "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "

@@ -128,11 +128,12 @@ class MegatronTrainer:
     def _say_notes(self) -> None:
         """What Megatron-LM's rules and the support table decided, once, before anything is built;
         a refused argument stops here (ConfigError), before the process group exists."""
-        for key, value, reason, level in self.args.notes:
-            if level == "warning":
-                self.ctx.logger.warning("%s=%s (%s)", key, value, reason)
-            else:
-                self.ctx.log_derived(key, value, reason)
+        from primus.compat.differs import engine_lines, notes_without_differences
+
+        for text in engine_lines(None, self.args):  # a value the experiment set that does not run as written
+            self.ctx.logger.warning("%s", text)
+        for key, value, reason, _level in notes_without_differences(self.args):
+            self.ctx.log_derived(key, value, reason)
         # the launcher admitted the run on this host's device: the same check, on the device this rank uses
         refused, notes = check_arguments(self.args, self.target)
         if refused:
