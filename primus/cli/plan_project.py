@@ -29,12 +29,11 @@ def load(path: str, overrides: list[str], module_name: str | None, world: int | 
          device: str) -> Loaded:
     """The experiment planned for ``device`` (``local``: this host): a named GPU's dtypes, never this host's
     CPU's (the CPU bf16 rule is for runs on a CPU; ``primus.runtime.admission``)."""
-    from primus.config.resolve import resolve_experiment
+    from primus.launch.experiment import resolve
     from primus.launch.job import plan_module, select_module
     from primus.plan.target import target_for
-    from primus.runtime.registry import backend_defaults, backend_derived
 
-    resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
+    resolved = resolve(path, overrides)  # AMD Primus's spellings translated, as every command reads a file
     module = select_module(resolved, module_name)
     backend_projection(module.framework)
     target = target_for(None if device.lower() == "local" else device)

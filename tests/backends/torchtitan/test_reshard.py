@@ -108,7 +108,7 @@ def test_every_degree_trains_on_the_same_sequences_and_checkpoints_one_position(
     rank's state is the same, and a dp=2 state resumes a dp=1 reader at the next global sequence."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from primus.backends.torchtitan.adapter import register_local_datasets
+    from primus.backends.torchtitan.recipes.pretrain import register_local_datasets
     from primus.backends.torchtitan.data import PrimusTextDataLoader
 
     register_local_datasets()
