@@ -158,16 +158,15 @@ def admission_refusals(path: Path, device: str) -> tuple[tuple[str, str], ...]:
     """Every refusal of the launch's admission on ``device`` as (key, reason), the layout not checked (any
     world size); () where the file is admitted or does not plan (its own error is reported instead)."""
     from primus.config.errors import ConfigError
-    from primus.config.resolve import resolve_experiment
+    from primus.launch.experiment import resolve
     from primus.launch.job import plan_module, select_module
     from primus.plan.target import target_for
     from primus.runtime.admission import admit
-    from primus.runtime.registry import backend_defaults, backend_derived
 
     target = target_for(device)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            resolved = resolve_experiment(str(path), [], backend_defaults, backend_derived)
+            resolved = resolve(str(path), [])
             module = select_module(resolved, None)
             adapter, plan = plan_module(resolved, module, require_engine=False, target=target)
             admission = admit(adapter, plan, target, module.translations)

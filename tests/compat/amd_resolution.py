@@ -16,11 +16,10 @@ def primus_arguments(path: Path, keys: list[str]) -> tuple[dict[str, dict[str, A
                                                            dict[str, str]]:
     """({module: {key: value Primus runs}}, {module: its differs: lines}, {module: stage}) for one file."""
     from primus.compat.differs import lines_for
-    from primus.config.resolve import resolve_experiment
+    from primus.launch.experiment import resolve
     from primus.launch.job import plan_module
-    from primus.runtime.registry import backend_defaults, backend_derived
 
-    resolved = resolve_experiment(path, [], backend_defaults, backend_derived)
+    resolved = resolve(path, [])
     values, lines, stages = {}, {}, {}
     for name, module in resolved.modules.items():
         _, plan = plan_module(resolved, module, None, require_engine=False)

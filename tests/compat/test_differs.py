@@ -68,11 +68,10 @@ def test_dry_run_says_each_difference(amd_experiment, capsys):
 
 def test_a_primus_experiment_gets_its_norm_epsilon(tmp_path, capsys):
     """No AMD Primus-only key: Primus's format; norm_epsilon is Megatron-LM's --norm-epsilon and runs."""
-    from primus.config.resolve import resolve_experiment
-    from primus.runtime.registry import backend_defaults, backend_derived
+    from primus.launch.experiment import resolve
 
     path = _experiment(tmp_path)
-    resolved = resolve_experiment(path, [], backend_defaults, backend_derived)
+    resolved = resolve(path, [])
     assert resolved.modules["pre_trainer"].params["layernorm_epsilon"] == 1.0e-6
     assert main(["config", "validate", str(path)]) == 0
     out = capsys.readouterr().out
@@ -82,15 +81,13 @@ def test_a_primus_experiment_gets_its_norm_epsilon(tmp_path, capsys):
 
 def test_an_amd_experiment_reads_amd_module_defaults_and_ours_read_ours(tmp_path, amd_experiment):
     """AMD Primus's pre_trainer.yaml (eval_iters 0, lr 2e-5) for its files; Primus's for Primus's."""
-    from primus.config.resolve import resolve_experiment
-    from primus.runtime.registry import backend_defaults, backend_derived
+    from primus.launch.experiment import resolve
 
-    amd = resolve_experiment(amd_experiment, [], backend_defaults, backend_derived).modules["pre_trainer"].params
+    amd = resolve(amd_experiment, []).modules["pre_trainer"].params
     assert (amd["eval_iters"], amd["lr"], amd["distributed_timeout_minutes"]) == (0, 2.0e-5, 60)
     assert "layernorm_epsilon" not in amd
     (tmp_path / "ours").mkdir()
-    ours = resolve_experiment(_experiment(tmp_path / "ours"), [], backend_defaults,
-                              backend_derived).modules["pre_trainer"].params
+    ours = resolve(_experiment(tmp_path / "ours"), []).modules["pre_trainer"].params
     assert (ours["eval_iters"], ours["lr"]) == (10, 3.0e-4)
 
 
