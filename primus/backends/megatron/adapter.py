@@ -133,8 +133,10 @@ class MegatronAdapter(BackendAdapter):
         if tiny_assets_dir(plan.module.params) is not None:
             return  # built by prepare() before the ranks start
         from primus.backends.megatron.data import DATA_KEYS, data_prefixes
+        from primus.backends.megatron.validate_args import require_data_source
 
         args, prefix = plan.engine_config, f"modules.{plan.module.name}"
+        require_data_source(args, plan.module.name)
         checks = []
         if args.tokenizer_model and not is_hub_id(args.tokenizer_model):  # a Hub id: fetched when the run starts
             checks.append(("tokenizer_model", Path(args.tokenizer_model)))
