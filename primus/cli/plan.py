@@ -26,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
     plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     plan.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    plan.add_argument("--build", action="store_true",
+                      help="also build each pipeline stage's real model with the engine, on the meta device with a "
+                           "fake process group for the whole world: the engine's own layout errors and per-rank "
+                           "bytes (Megatron, TorchTitan; seconds on a CPU)")
     plan.set_defaults(handler=_plan, accepts_overrides=True)
 
 
@@ -35,21 +39,41 @@ def _device_names() -> list[str]:
     return sorted(DEVICE_MEMORY_GIB)
 
 
+# More nodes than any cluster has (the largest, ~200k GPUs, are ~25k nodes); a count beyond is a typo.
+MAX_NODES = 100_000
+MAX_PROCS_PER_NODE = 1024
+
+
+def _count(value, what: str, limit: int) -> int:
+    """A process or node count from a flag or a variable: a whole number in 1..limit, else one error line."""
+    from primus.config.errors import ConfigError
+
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{what}: '{value}' is not a whole number") from None
+    if not 1 <= number <= limit:
+        raise ConfigError(f"{what}: {number} is impossible (expected 1 to {limit:,})")
+    return number
+
+
 def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ) -> tuple[int | None, str]:
     """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says."""
     parts, sources = [], []
-    for flag, value, var in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE"), ("-N", nnodes, "NNODES")):
+    for flag, value, var, limit in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE", MAX_PROCS_PER_NODE),
+                                    ("-N", nnodes, "NNODES", MAX_NODES)):
         if value is not None:
-            parts.append(value)
+            parts.append(_count(value, flag, limit))
             sources.append(f"{flag} {value}")
         elif env.get(var):
-            parts.append(int(env[var]))
+            parts.append(_count(env[var], f"${var}", limit))
             sources.append(f"${var}={env[var]}")
         else:
             parts.append(1)
     if not sources:
         if env.get("WORLD_SIZE"):
-            return int(env["WORLD_SIZE"]), f"$WORLD_SIZE={env['WORLD_SIZE']}"
+            world = _count(env["WORLD_SIZE"], "$WORLD_SIZE", MAX_NODES * MAX_PROCS_PER_NODE)
+            return world, f"$WORLD_SIZE={env['WORLD_SIZE']}"
         return None, "not given (--nproc-per-node, -N): the smallest world the experiment's layout runs on"
     return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"
 
@@ -97,7 +121,8 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
 
         device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
-    model, layout = load_experiment(args.exp, overrides, args.module, given)
+    # a named device is a GPU: its kernels (Transformer Engine, fused norms) set what the layers keep
+    model, layout = load_experiment(args.exp, overrides, args.module, given, "cuda" if args.device else None)
     world = given or layout.world_size
     text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given)
     if args.json:
@@ -105,5 +130,24 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
         text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device, **data}, indent=2)
     else:
         text = _assumptions(world, source, args.device) + "\n" + text
+    if args.build and code == 0 or args.build and code == 1 and "fail:" not in text:
+        built, build_code = _fake_world(args, overrides, world)
+        text, code = text + "\n" + built, max(code, build_code)
     print(text, file=sys.stdout)
     return code
+
+
+def _fake_world(args: argparse.Namespace, overrides: list[str], world: int) -> tuple[str, int]:
+    """``--build``: the engine's own model per pipeline stage (primus.launch.memory_check.fake_world)."""
+    from primus.config.errors import ConfigError
+    from primus.config.resolve import resolve_experiment
+    from primus.launch.job import plan_module, select_module
+    from primus.launch.memory_check import fake_world
+    from primus.runtime.registry import backend_defaults, backend_derived
+
+    resolved = resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
+    _, engine_plan = plan_module(resolved, select_module(resolved, args.module), world)
+    try:
+        return fake_world(engine_plan, world), 0
+    except ConfigError as refused:  # the engine rejects the layout at this scale: the layout is wrong
+        return f"fail: {refused}", 1

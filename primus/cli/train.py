@@ -63,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="refuse to touch an existing run directory")
     parser.add_argument("--dry-run", action="store_true", help="print what would run (command lines or the "
                                                                "sbatch script) and exit")
+    parser.add_argument("--device", help="the device the run is for, when not this host's GPU (mi300x, h100, ...): "
+                                         "the plan's heaviest rank must fit it before any rank starts")
+    parser.add_argument("--force", action="store_true", help="launch even when the plan says a rank does not fit "
+                                                             "the device's usable memory")
+    parser.add_argument("--build", action="store_true", help="with --dry-run: also build each pipeline stage's real "
+                                                             "model on the meta device for the whole world (the "
+                                                             "engine's layout errors, per-rank bytes)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show engine warnings and third-party progress bars on the console "
                              "(they are always in logs/.../warning.log, debug.log)")
@@ -98,6 +105,10 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.runtime.rundir import RunDir
 
     args.exp = experiment_argument(args, extras)
+    if args.device:
+        from primus.plan.estimate import device_memory_bytes
+
+        device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
     if args.verbose:
         import os
 
@@ -115,7 +126,8 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     args.resume = args.resume or (module.params.get("primus") or {}).get("resume") or "auto"
     if executor in ("local", "multi-node"):
         return run_training_job(resolved, module, plan_from_config(config), resume=args.resume,
-                                dry_run=args.dry_run, argv=["primus", *sys.argv[1:]])
+                                dry_run=args.dry_run, argv=["primus", *sys.argv[1:]],
+                                device=args.device, force=args.force, build=args.build)
 
     passthrough = [*(["--module", args.module] if args.module else []), *(["--verbose"] if args.verbose else []),
                    *({"always": ["--resume"], "never": ["--no-resume"]}.get(args.resume, []))]

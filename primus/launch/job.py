@@ -46,9 +46,10 @@ def select_module(resolved: ResolvedExperiment, name: str | None) -> ResolvedMod
 
 def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
                 check_paths: bool = False, require_engine: bool = True,
-                run_dir: Path | None = None) -> tuple[BackendAdapter, EnginePlan]:
+                run_dir: Path | None = None, device: str | None = None) -> tuple[BackendAdapter, EnginePlan]:
     """The module's ``EnginePlan``, built once: every key accepted by the engine's own config, the
-    layout checked against ``world_size`` when given, and (``check_paths``) its input files present."""
+    layout checked against ``world_size`` when given, and (``check_paths``) its input files present.
+    ``device``: the kind the plan is for ("cuda" for a named GPU); default this host's."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
     if require_engine:
         adapter.require_installed()
@@ -56,7 +57,7 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,  # every backend's
                    f"modules.{module.name}.primus")
     plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
-                        device=host_device())
+                        device=device or host_device())
     if require_engine:
         adapter.import_engine()
     if check_paths:
@@ -102,12 +103,20 @@ def validate_keys(resolved: ResolvedExperiment, module: ResolvedModule) -> bool:
 
 
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
-                     resume: str, dry_run: bool, argv: list[str]) -> int:
+                     resume: str, dry_run: bool, argv: list[str], device: str | None = None, force: bool = False,
+                     build: bool = False) -> int:
     run_dir = RunDir.of(resolved.spec)
     adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path)
     job = Job(resolved, module, adapter, engine_plan, plan.with_port(), run_dir, argv)
+    fits = _memory_admission(resolved, module, plan.world_size, engine_plan, device, force)  # memory_check.py
     if dry_run:
         _print_dry_run(job)
+        if fits:
+            print(fits)
+        if build:
+            from primus.launch.memory_check import fake_world
+
+            print(fake_world(engine_plan, plan.world_size))
         return ExitCode.COMPLETED
     check_runnable(job.module)  # an AMD Primus feature this Primus cannot honour stops here (primus/compat)
     os.environ.update(job.secret_env)  # literal secrets reach the workers by environment, nowhere else
@@ -125,6 +134,22 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
     except Exception as exc:  # the launcher's own failure (a full disk, torchrun): one line, traceback in a file
         job.outcome = LaunchResult(ExitCode.FAILED, [_launcher_error(job, exc)])
     return _report(job)
+
+
+def _memory_admission(resolved: ResolvedExperiment, module: ResolvedModule, world: int, engine_plan: EnginePlan,
+                      device: str | None, force: bool) -> str | None:
+    """Before any rank starts, the plan's heaviest rank against ``device`` (named, else this host's GPU): a
+    ConfigError when it does not fit, unless ``force``; no device (a CPU run): nothing to check. A named
+    GPU on a host without one is planned for its kernels (what its layers keep)."""
+    from primus.launch.memory_check import host_gpu, refuse_if_too_big
+
+    if force:
+        return None
+    if device is None:
+        device = host_gpu()
+    elif host_device() != "cuda":
+        engine_plan = plan_module(resolved, module, world, require_engine=False, device="cuda")[1]
+    return refuse_if_too_big(engine_plan, device) if device else None
 
 
 def _print_dry_run(job: Job) -> None:

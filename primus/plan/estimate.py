@@ -128,6 +128,8 @@ class MemoryEstimate:
     microbatches_in_flight: int
     logits: int
     flash_attention: bool
+    pp_rank: int = 0  # the rank's pipeline stage
+    rank: int = 0  # a global rank with these bytes (the first of its stage and shard index)
 
     @property
     def total(self) -> int:
@@ -149,6 +151,28 @@ def activation_bytes_per_layer(model: ModelSpec, layout: ParallelLayout, flash_a
 
 
 def estimate_memory(model: ModelSpec, layout: ParallelLayout, *, flash_attention: bool = True) -> MemoryEstimate:
+    """The heaviest rank's bytes: the engine's own layout of them (``layout.memory_model``), else the
+    textbook formulas."""
+    if layout.memory_model == "generic":
+        return _textbook_memory(model, layout, flash_attention)
+    ranks = [rank_memory(model, layout, pp_rank, None, None) for pp_rank in range(layout.pp)]
+    return max(ranks, key=lambda memory: memory.total)
+
+
+def rank_memory(model: ModelSpec, layout: ParallelLayout, pp_rank: int = 0, shard_rank: int | None = 0,
+                expert_rank: int | None = 0) -> MemoryEstimate:
+    """One rank, by its pipeline rank and its index in the sharding groups (None: the heaviest index)."""
+    from primus.plan.memory import rank_activations, rank_state
+
+    state = rank_state(model, layout, pp_rank, shard_rank, expert_rank)
+    acts = rank_activations(model, layout, pp_rank)
+    flash = layout.memory_model != "megatron"  # megatron-core's local attention keeps the softmax
+    return MemoryEstimate(state.weights, state.grads, state.optimizer, acts.activations, acts.per_layer, acts.layers,
+                          acts.in_flight, acts.loss, flash, pp_rank=pp_rank,
+                          rank=pp_rank * (layout.world_size // layout.pp) + (shard_rank or 0) * layout.tp)
+
+
+def _textbook_memory(model: ModelSpec, layout: ParallelLayout, flash_attention: bool) -> MemoryEstimate:
     params = estimate_params(model, layout)
     dense, experts = params.per_rank - params.per_rank_experts, params.per_rank_experts
     shards, expert_shards = layout.dp * layout.cp, layout.expert_dp
@@ -231,6 +255,12 @@ def make_plan(model: ModelSpec, layout: ParallelLayout, device: str | None = Non
                 flops, layout.to_dict(), device, device_memory, usable_fraction, ideal)
 
 
+def _recompute_mode(layout: dict[str, Any]) -> str:
+    if layout.get("recompute"):
+        return "full recompute"
+    return "selective recompute" if layout.get("selective_recompute") else "no recompute"
+
+
 def format_plan(plan: Plan) -> str:
     """The human table ``primus plan`` prints."""
     m = plan.memory
@@ -253,7 +283,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {name:<14}{value / GIB:10.2f}")
     lines.append(f"  activations: {m.layers_per_stage} layers x {m.microbatches_in_flight} micro-batch(es) in flight x "
                  f"{m.activations_per_layer / 2**20:.1f} MiB/layer "
-                 f"({'full recompute' if plan.layout['recompute'] else 'no recompute'}"
+                 f"({_recompute_mode(plan.layout)}"
                  f"{', flash attention' if m.flash_attention else ''})")
     if plan.device_memory is not None:
         budget = plan.device_memory * plan.usable_fraction

@@ -85,7 +85,7 @@ class MegatronAdapter(BackendAdapter):
                 derived.append(("bf16", False, reason))
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
-        model, layout = describe(args, module.params.get("model"), world_size)
+        model, layout = describe(args, module.params.get("model"), world_size, device)
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
         checkpoint = hf_checkpoint_spec(module.params, save) or CheckpointSpec(save, load=args.load)  # [#15]
         plan = EnginePlan(module, world_size, args, checkpoint, model, layout,

@@ -80,7 +80,7 @@ class TorchTitanAdapter(BackendAdapter):
             _check_dataset(cfg, prefix, provenance)
         if world_size is not None:
             _check_world_size(module, world_size, provenance)
-        layout = parallel_layout(params, world_size)  # [tt] the model is `spec`, built once above
+        layout = parallel_layout(params, world_size, spec.n_layers, device)  # the model is `spec`, built once above
         directory = Path(cfg.dump_folder) / cfg.checkpoint.folder
         source = hf_start.hf_source(params)  # [#15] TorchTitan loads these safetensors itself
         checkpoint = CheckpointSpec(directory, load=str(source), format="hf") if source else CheckpointSpec(directory)

@@ -84,10 +84,13 @@ def model_spec_from_titan(config: Any, family: str) -> ModelSpec:
     return ModelSpec(**fields)
 
 
-def parallel_layout(params: dict[str, Any], world_size: int | None = None):
+def parallel_layout(params: dict[str, Any], world_size: int | None = None, n_layers: int | None = None,
+                    device: str = "cpu"):
     """The ``ParallelLayout``. ``data_parallel_shard_degree: -1`` fills the world (``world_size``
     when the launcher knows it, else ``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``, else 1), as
-    TorchTitan does at start-up."""
+    TorchTitan does at start-up. Memory as TorchTitan lays it out: FSDP2 on every parameter (a shard
+    group of one included), parameters and gradients kept in fp32 and computed in
+    ``mixed_precision_param``, sequence parallelism with tensor parallelism, a chunked loss."""
     from primus.plan.layout import ParallelLayout
 
     training = params.get("training") or {}
@@ -101,12 +104,35 @@ def parallel_layout(params: dict[str, Any], world_size: int | None = None):
         shard = max(1, _world_size(world_size) // (tp * pp * cp * replicate))
     mode = (params.get("activation_checkpoint") or {}).get("mode", "selective")
     global_batch = training.get("global_batch_size", -1)
+    local = training.get("local_batch_size", 8)
+    micro = parallel.get("pipeline_parallel_microbatch_size", 1) if pp > 1 else local
+    compute = "bf16" if training.get("mixed_precision_param", "bfloat16") == "bfloat16" else "fp32"
     return ParallelLayout(
         tp=tp, pp=pp, cp=cp, dp=replicate * shard, ep=parallel.get("expert_parallel_degree", 1),
-        micro_batch_size=training.get("local_batch_size", 8),
-        global_batch_size=global_batch if global_batch and global_batch > 0 else None,
+        micro_batch_size=micro,
+        global_batch_size=(global_batch if global_batch and global_batch > 0 else local * replicate * shard),
         seq_len=training.get("seq_len", 2048),
-        recompute=mode == "full",
-        sharding="fsdp" if shard > 1 else "none",
-        param_dtype="bf16" if training.get("mixed_precision_param", "bfloat16") == "bfloat16" else "fp32",
+        recompute=mode == "full", selective_recompute=mode == "selective",
+        sharding="fsdp", dp_shard=shard, param_dtype="fp32", activation_dtype=compute, master_weights=False,
+        grad_dtype="bf16" if training.get("mixed_precision_reduce", "float32") == "bfloat16" else "fp32",
+        pipeline_layout=_stage_layout(parallel, pp, n_layers) if pp > 1 and n_layers else None,
+        sequence_parallel=tp > 1, memory_model="torchtitan", gpu=device.startswith("cuda"),
+        loss_chunks=((params.get("loss") or {}).get("num_chunks") or 8),
     )
+
+
+def _stage_layout(parallel: dict[str, Any], pp: int, n_layers: int) -> str:
+    """TorchTitan's split of layers over pipeline stages (``_generate_llm_fqn_per_model_part``: the
+    embedding and the output head count as ``first/last_stage_less_layers`` layers each, the rest evenly,
+    earlier stages one more), in Megatron's layout notation. One stage per rank (single-stage schedules)."""
+    first = parallel.get("pipeline_parallel_first_stage_less_layers", 1)
+    last = parallel.get("pipeline_parallel_last_stage_less_layers", 1)
+    effective = n_layers + first + last
+    per, extra = divmod(effective, pp)
+    stages, layer = [], 0
+    for stage in range(pp):
+        share = per + (1 if stage < extra else 0) - (first if stage == 0 else last if stage == pp - 1 else 0)
+        count = max(0, min(share, n_layers - layer))
+        layer += count
+        stages.append(("E" if stage == 0 else "") + "t" * count + ("L" if stage == pp - 1 else ""))
+    return "|".join(stages)

@@ -1,0 +1,76 @@
+"""Before any rank starts: does the run fit its device, and does the engine accept its layout at its scale.
+
+- ``refuse_if_too_big``: the plan's heaviest rank against the device's usable memory (the
+  ``memory.usable_fraction`` threshold); one line naming the rank, its bytes and the budget.
+- ``fake_world``: each pipeline stage's real model built by the engine on the meta device for the
+  whole world (``primus.plan.fakeworld``): what the engine refuses at that scale, and per-rank bytes.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+
+from primus.config.errors import ConfigError
+from primus.plan.estimate import GIB
+from primus.runtime.adapter import EnginePlan
+
+FAKE_WORLD_ENGINES = {"megatron": "megatron-core", "torchtitan": "TorchTitan"}
+
+
+def host_gpu() -> str | None:
+    """This host's GPU as ``primus plan`` names devices (mi300x, h100, ...), or None (a CPU host, or a GPU
+    the table does not know: nothing to check against)."""
+    import sys
+
+    from primus.runtime.context import host_device
+
+    if host_device() != "cuda":
+        return None
+    torch = sys.modules["torch"]  # host_device imported it
+    from primus.plan.devices import device_key
+
+    return device_key(torch.cuda.get_device_name(0))
+
+
+def device_budget(device: str, thresholds: str | None = None) -> tuple[int, float]:
+    """(memory in bytes, usable fraction) of a named device."""
+    from primus.plan.estimate import device_memory_bytes
+    from primus.preflight.thresholds import load_thresholds
+
+    return device_memory_bytes(device), load_thresholds(thresholds)["memory"]["usable_fraction"]
+
+
+def refuse_if_too_big(plan: EnginePlan, device: str, thresholds: str | None = None) -> str | None:
+    """The heaviest rank does not fit ``device``: a ConfigError; it fits: one line saying by how much;
+    no LLM plan (a diffusion model, a model without a known vocabulary): None."""
+    from primus.plan.estimate import estimate_memory
+    from primus.plan.layout import ParallelLayout
+    from primus.plan.model import ModelSpec
+
+    if not isinstance(plan.model, ModelSpec) or not isinstance(plan.layout, ParallelLayout):
+        return None
+    memory, usable = device_budget(device, thresholds)
+    need = estimate_memory(plan.model, plan.layout)
+    budget = memory * usable
+    parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in need.components().items() if name != "total")
+    where = f"rank {need.rank} (pipeline stage {need.pp_rank})"
+    if need.total > budget:
+        raise ConfigError(f"{where} needs {need.total / GIB:.1f} GiB ({parts}) but {device} has "
+                          f"{budget / GIB:.1f} GiB usable ({usable:.0%} of {memory / GIB:.0f} GiB): change the "
+                          "layout (primus plan shows the parts), or --force to launch anyway")
+    return f"memory: {where} needs {need.total / GIB:.1f} GiB of {budget / GIB:.1f} GiB usable on {device}"
+
+
+def fake_world(plan: EnginePlan, world: int) -> str:
+    """Build each pipeline stage's first rank with the engine, on the meta device, for ``world`` ranks."""
+    from primus.plan.fakeworld import check_world, format_checks
+
+    framework = plan.module.framework
+    if framework not in FAKE_WORLD_ENGINES:
+        raise ConfigError(f"a fake-world build is available for {', '.join(FAKE_WORLD_ENGINES)}, not {framework}")
+    if plan.model is None or plan.layout is None:
+        raise ConfigError("a fake-world build needs the model's description (an LLM with its vocab_size known)")
+    build = importlib.import_module(f"primus.backends.{framework}.fakeworld").rank_state
+    start = time.perf_counter()
+    checks = check_world(build, plan.engine_config, plan.model, plan.layout, world)
+    return format_checks(checks, FAKE_WORLD_ENGINES[framework], world, time.perf_counter() - start)

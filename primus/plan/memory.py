@@ -1,0 +1,378 @@
+"""Bytes one rank holds under a layout: weights, gradients and optimizer state as the engine lays them
+out, and the activations its forward passes keep for the backward pass. The formulas are written out
+in ``primus.plan.estimate``'s docstring; tests/plan/test_memory_measured.py holds them to the bytes
+counted on real engine ranks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from primus.plan.layout import DTYPE_BYTES, ParallelLayout
+from primus.plan.model import ModelSpec
+from primus.plan.tensors import Tensor, chunk_tensors
+
+ADAM_STATES = 2  # Adam's two moments, in optimizer_dtype
+
+
+@dataclass(frozen=True)
+class RankState:
+    weights: int
+    grads: int
+    optimizer: int
+
+
+# ---- Megatron: DistributedDataParallel's contiguous buffers, the (distributed) optimizer ---------------
+
+@dataclass
+class _Buffer:
+    """One megatron-core ``_ParamAndGradBuffer``: [(start, end)] of each parameter, bucket ends, size."""
+
+    ranges: list[tuple[int, int]]
+    buckets: list[tuple[int, int]]
+
+    @property
+    def numel(self) -> int:
+        return self.buckets[-1][1] if self.buckets else 0
+
+
+def megatron_buffer(tensors: list[Tensor], shards: int, distributed: bool, bucket_size: int | None) -> _Buffer:
+    """megatron-core 0.16's ``_ParamAndGradBuffer`` layout: parameters in reverse order; with the distributed
+    optimizer each starts at a multiple of 64 elements, each bucket ends at a multiple of lcm(shards, 128),
+    and a tied embedding copy gets a bucket of its own; a new bucket once ``bucket_size`` is reached."""
+    pad_to = math.lcm(shards, 128)
+    ranges, buckets = [], []
+    start = bucket_start = 0
+    open_bucket = False
+
+    def close(end: int) -> int:
+        nonlocal bucket_start, open_bucket
+        end = -(-end // pad_to) * pad_to if distributed else end
+        buckets.append((bucket_start, end))
+        bucket_start, open_bucket = end, False
+        return end
+
+    for tensor in reversed(tensors):
+        if distributed:
+            start = -(-start // 64) * 64
+        own_bucket = tensor.shared_embedding and distributed
+        if own_bucket and open_bucket:
+            start = close(start)
+        end = start + tensor.numel
+        ranges.append((start, end))
+        open_bucket = True
+        if (bucket_size is not None and end - bucket_start >= bucket_size) or own_bucket:
+            start = close(end)
+        else:
+            start = end
+    if open_bucket:
+        close(end)
+    return _Buffer(ranges, buckets)
+
+
+def owned_per_rank(buffer: _Buffer, shards: int) -> list[int]:
+    """Elements of parameters (not padding) in each rank's shard of the buckets (DistributedOptimizer:
+    bucket i's elements [lo + r * size, lo + (r + 1) * size) belong to rank r, size = bucket / shards)."""
+    import bisect
+
+    ranges = sorted(buffer.ranges)
+    starts = [start for start, _ in ranges]
+    covered = [0]  # prefix sums of parameter elements, to answer "elements in [a, b)" by bisection
+    for start, end in ranges:
+        covered.append(covered[-1] + end - start)
+
+    def elements_below(x: int) -> int:
+        i = bisect.bisect_right(starts, x)
+        if i == 0:
+            return 0
+        start, end = ranges[i - 1]
+        return covered[i - 1] + max(0, min(end, x) - start)
+
+    owned = [0] * shards
+    for lo, hi in buffer.buckets:
+        size = (hi - lo) // shards
+        for rank in range(shards):
+            owned[rank] += elements_below(lo + (rank + 1) * size) - elements_below(lo + rank * size)
+    return owned
+
+
+def megatron_state(chunks: list[list[Tensor]], layout: ParallelLayout, shard_rank: int | None = 0,
+                   expert_rank: int | None = 0, first_pp_rank: bool = True) -> RankState:
+    """One DistributedDataParallel per model chunk, a buffer each for dense and for expert parameters.
+    A rank of None: the shard rank that owns the most (the heaviest)."""
+    distributed = layout.sharding == "optimizer"
+    weight, grad = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.grad_dtype]
+    master = 4 if layout.master_weights and weight < 4 else 0
+    per_param_state = master + ADAM_STATES * DTYPE_BYTES[layout.optimizer_dtype]
+    weights = grads = 0
+    owned = {False: [0] * layout.shard_group, True: [0] * layout.expert_dp}
+    for index, tensors in enumerate(chunks):
+        bucket_size = layout.grad_bucket_size if index == 0 and first_pp_rank else None
+        for expert, shards in ((False, layout.shard_group), (True, layout.expert_dp)):
+            group = [t for t in tensors if t.expert == expert]
+            if not group:
+                continue
+            buffer = megatron_buffer(group, shards, distributed, bucket_size)
+            numel = sum(t.numel for t in group)
+            weights += (buffer.numel if distributed else numel) * weight
+            grads += buffer.numel * grad
+            per_rank = owned_per_rank(buffer, shards) if distributed else [numel] * shards
+            owned[expert] = [a + b for a, b in zip(owned[expert], per_rank)]
+    pick = {False: shard_rank, True: expert_rank}
+    elements = sum(max(owned[k]) if pick[k] is None else owned[k][pick[k]] for k in (False, True))
+    return RankState(weights, grads, elements * per_param_state)
+
+
+# ---- FSDP2 (TorchTitan): every parameter sharded on its first dimension -----------------------------
+
+def fsdp2_state(chunks: list[list[Tensor]], layout: ParallelLayout, shard_rank: int = 0) -> RankState:
+    """FSDP2 keeps each parameter's shard in a storage padded to ceil(rows / shards) rows (weights, and
+    the reduce-scattered gradients alike); Adam's moments are allocated for the rows this rank owns."""
+    weight, grad = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.grad_dtype]
+    state = ADAM_STATES * DTYPE_BYTES[layout.optimizer_dtype] + (
+        4 if layout.master_weights and weight < 4 else 0)
+    weights = grads = optimizer = 0
+    for tensors in chunks:
+        for tensor in tensors:
+            shards = layout.expert_fsdp if tensor.expert else layout.shard_group
+            # TorchTitan shards routed experts on their second dimension when there are fewer than shards
+            dim = 1 if tensor.expert and shards > tensor.shape[0] else 0
+            length = tensor.shape[dim]
+            rows = -(-length // shards)
+            rest = tensor.numel // length
+            owned = max(0, min(rows, length - shard_rank * rows))
+            weights += rows * rest * weight
+            grads += rows * rest * grad
+            optimizer += owned * rest * state
+    return RankState(weights, grads, optimizer)
+
+
+def generic_state(chunks: list[list[Tensor]], layout: ParallelLayout) -> RankState:
+    """No engine's padding: N bytes per parameter, divided by the ranks that shard them."""
+    dense = sum(t.numel for c in chunks for t in c if not t.expert)
+    experts = sum(t.numel for c in chunks for t in c if t.expert)
+
+    def sharded(per_param: int, on: bool) -> int:
+        if not on:
+            return (dense + experts) * per_param
+        return -(-dense * per_param // layout.shard_group) + -(-experts * per_param // layout.expert_dp)
+
+    weight, grad = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.grad_dtype]
+    master = 4 if layout.master_weights and weight < 4 else 0
+    fsdp = layout.sharding == "fsdp"
+    return RankState(sharded(weight, fsdp), sharded(grad, fsdp),
+                     sharded(master + ADAM_STATES * DTYPE_BYTES[layout.optimizer_dtype],
+                             layout.sharding in ("optimizer", "fsdp")))
+
+
+def rank_state(model: ModelSpec, layout: ParallelLayout, pp_rank: int = 0, shard_rank: int | None = 0,
+               expert_rank: int | None = 0) -> RankState:
+    """Weights, gradients and optimizer state of one rank (its pipeline rank and its index in the
+    sharding groups; None = the heaviest index)."""
+    chunks = [chunk_tensors(model, layout, pp_rank, c) for c in range(len(layout.chunk_placement(model.n_layers)[0]))]
+    if layout.memory_model in ("megatron", "megatron-te"):
+        return megatron_state(chunks, layout, shard_rank, expert_rank, first_pp_rank=pp_rank == 0)
+    if layout.memory_model == "torchtitan":
+        return fsdp2_state(chunks, layout, shard_rank or 0)  # rank 0 owns the most rows
+    return generic_state(chunks, layout)
+
+
+# ---- Activations: what a forward pass keeps for the backward pass ------------------------------------
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes the activation terms multiply (one micro-batch on one rank)."""
+
+    tokens: int  # s x b, s = seq_len / cp
+    norm_tokens: int  # tokens a norm sees: / tp under sequence parallelism
+    linear_tokens: int  # tokens a column-parallel linear saves as its input (TorchTitan gathers them)
+    b: int
+    s: int
+    t: int
+    e: int  # bytes of an activation
+
+
+def _shapes(layout: ParallelLayout) -> Shapes:
+    s = layout.seq_len // layout.cp
+    b, t = layout.micro_batch_size, layout.tp
+    tokens = s * b
+    titan = layout.memory_model == "torchtitan"
+    split = t > 1 and (layout.sequence_parallel or titan)
+    norm = tokens // t if split else tokens
+    return Shapes(tokens, norm, tokens if titan else norm, b, s, t,
+                  DTYPE_BYTES[layout.activation_dtype or layout.param_dtype])
+
+
+def _fused_norms(layout: ParallelLayout) -> bool:
+    """GPU kernels: Transformer Engine's fused LayerNormLinear, torch's fused rms_norm on CUDA."""
+    return layout.memory_model == "megatron-te" or (layout.memory_model == "torchtitan" and layout.gpu)
+
+
+def norm_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes, width: int | None = None) -> int:
+    """One norm and the linear that reads its output: composite (CPU) keeps its input in fp32 (the input
+    itself, or an fp32 copy of a 16-bit one) and the fp32 normalised values; fused kernels keep the input
+    and the reciprocal RMS. The output is kept by the linear after it."""
+    width = width or model.dim
+    kept = x.norm_tokens * width * (x.e if _fused_norms(layout) else 8) + 4 * x.norm_tokens
+    return kept + x.linear_tokens * width * x.e
+
+
+def attention_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes) -> int:
+    T, t, e = x.tokens, x.t, x.e
+    a = model.n_heads // t
+    g = max(1, model.kv_heads // t)
+    if model.is_mla:
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        latent = T * (model.kv_lora_rank + model.qk_rope_head_dim) * e
+        core = T * a * (2 * qk + 2 * model.v_head_dim) * e
+        d, kv = qk, a  # for the score terms below
+        base = latent + core
+    else:
+        d, kv = model.head_dim, g
+        base = 0
+    lse = 4 * x.b * a * x.s
+    if layout.memory_model == "torchtitan":  # q, k rotated, v contiguous, SDPA's output and log-sum-exp
+        if model.is_mla:
+            return base + lse
+        return T * (a + 2 * g) * d * e + T * a * d * e + lse + 4 * x.b * x.s * d
+    if layout.memory_model == "megatron-te":  # fused QKV output, q and k rotated, flash attention
+        if model.is_mla:
+            return base + lse
+        return T * (a + 2 * g) * d * e + T * (a + g) * d * e + T * a * d * e + lse
+    if model.is_mla:
+        return base + (0 if layout.selective_recompute else x.b * a * x.s * x.s * e)
+    # megatron-core's local DotProductAttention: q rotated (and RoPE's cos and sin), k and v repeated to all
+    # heads (k rotated itself when there is nothing to repeat), softmax probabilities, context
+    q = T * a * d * e + 2 * x.s * d * e
+    if layout.selective_recompute:  # the core attention is recomputed: it keeps q, k and v (a view of the
+        return q + T * g * d * e + T * (a + 2 * g) * d * e + T * a * d * e  # fused QKV output) instead
+    keys = 2 * T * a * d * e if a != g else T * a * d * e
+    return q + keys + x.b * a * x.s * x.s * e + T * a * d * e
+
+
+def mlp_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes, width: int, tokens: int | None = None) -> int:
+    """A (gated) MLP of ``width`` on this rank: the matmul outputs and the activation's intermediates."""
+    T, e, f = tokens if tokens is not None else x.tokens, x.e, width
+    if layout.memory_model == "torchtitan":
+        factor = 4 if model.swiglu else 2  # w1 and w3 outputs, silu, their product
+    elif layout.memory_model == "megatron-te":
+        factor = 3 if model.swiglu else 2  # fc1 output, the fused activation's output
+    else:
+        factor = 5 if model.swiglu else 2  # fc1 output, silu, the linear half (+ offset), their product
+    return factor * T * f * e
+
+
+def moe_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes) -> int:
+    """Router scores (fp32), the tokens sent to this rank's experts (top_k copies of each, on average),
+    the experts' MLPs on them, and the shared experts."""
+    T, e, k = x.tokens, x.e, model.top_k
+    routed = T * k
+    router = 3 * T * model.n_experts * 4
+    dispatched = 2 * routed * model.dim * e
+    experts = mlp_bytes(model, layout, x, model.expert_ffn_dim // layout.expert_tp, routed)
+    shared = mlp_bytes(model, layout, x, model.shared_expert_ffn_hidden_size // layout.tp) \
+        if model.shared_expert_ffn_hidden_size else 0
+    return router + dispatched + experts + shared
+
+
+def layer_bytes(model: ModelSpec, layout: ParallelLayout, moe: bool) -> int:
+    """One decoder layer, one micro-batch, no recomputation."""
+    x = _shapes(layout)
+    mlp = moe_bytes(model, layout, x) if moe else mlp_bytes(model, layout, x, model.ffn_dim // layout.tp)
+    return 2 * norm_bytes(model, layout, x) + attention_bytes(model, layout, x) + mlp
+
+
+def checkpoint_bytes(layout: ParallelLayout, model: ModelSpec) -> int:
+    """What a checkpointed unit of layers keeps: its input, the residual stream."""
+    x = _shapes(layout)
+    return x.norm_tokens * model.dim * x.e
+
+
+def loss_bytes(model: ModelSpec, layout: ParallelLayout) -> int:
+    """The last stage's end: the final norm and what the loss keeps. Megatron: the logits in fp32
+    (vocabulary-parallel cross-entropy); TorchTitan: its chunked loss keeps the norm's output, its chunks,
+    an fp32 gradient accumulator and one chunk's logits (and fp32 log-softmax)."""
+    x = _shapes(layout)
+    vocab = -(-model.vocab_size // layout.tp)
+    norm = norm_bytes(model, layout, x)
+    if layout.memory_model == "torchtitan":
+        chunk = x.tokens // max(1, layout.loss_chunks)
+        return norm + x.tokens * model.dim * (x.e + 4) + chunk * vocab * (x.e + 4)
+    return norm + 4 * x.tokens * vocab
+
+
+def _selective_titan_layer(model: ModelSpec, layout: ParallelLayout, x: Shapes, moe: bool) -> int:
+    """TorchTitan's op-level selective checkpointing keeps each block's input and the outputs of the ops it
+    saves: every other matmul (the fused QKV, w1, w2) and, on a GPU, the attention kernel's output and
+    log-sum-exp (its save list names the CUDA kernels; the CPU's flash attention is recomputed)."""
+    T, e, t = x.tokens, x.e, x.t
+    a, g, d = model.n_heads // t, max(1, model.kv_heads // t), model.head_dim
+    width = (model.expert_ffn_dim // layout.expert_tp if moe else model.ffn_dim // t)
+    tokens = T * model.top_k if moe else T
+    attention = T * a * d * e + 4 * x.b * a * x.s if layout.gpu else 0
+    return (x.norm_tokens * model.dim * e + T * (a + 2 * g) * d * e + attention
+            + tokens * width * e + T * model.dim * e)
+
+
+def chunk_bytes(model: ModelSpec, layout: ParallelLayout, layers: tuple[int, ...]) -> int:
+    """A model chunk's layers, one micro-batch, with the layout's recomputation."""
+    pattern = model.moe_layer_pattern()
+    x = _shapes(layout)
+    if layout.selective_recompute and layout.memory_model == "torchtitan":
+        return sum(_selective_titan_layer(model, layout, x, bool(pattern[i])) for i in layers)
+    if not layout.recompute:
+        return sum(layer_bytes(model, layout, bool(pattern[i])) for i in layers)
+    count = len(layers) if layout.recompute_layers is None else min(len(layers), layout.recompute_layers)
+    group = layout.recompute_group
+    kept = -(-count // group) * checkpoint_bytes(layout, model)
+    return kept + sum(layer_bytes(model, layout, bool(pattern[i])) for i in layers[count:])
+
+
+def inputs_bytes(model: ModelSpec, layout: ParallelLayout) -> int:
+    """The micro-batch itself: tokens, labels, positions, loss mask; megatron-core's datasets also build a
+    causal mask (one byte per query-key pair) per sample, and its RoPE table (fp32) is built per forward."""
+    x = _shapes(layout)
+    if layout.memory_model not in ("megatron", "megatron-te"):
+        return 28 * x.b * x.s
+    return 28 * x.b * x.s + (x.b + 1) * x.s * x.s + 4 * x.s * model.head_dim
+
+
+def resident_bytes(model: ModelSpec, layout: ParallelLayout) -> int:
+    """Allocated by a first forward pass and kept by the engine for the next: megatron-core's local attention
+    computes its scores into one global buffer (b x heads x s x s)."""
+    if layout.memory_model != "megatron" or model.is_mla:
+        return 0
+    x = _shapes(layout)
+    return x.b * (model.n_heads // x.t) * x.s * x.s * x.e
+
+
+def forwards_in_flight(layout: ParallelLayout, pp_rank: int, microbatches: int) -> list[int]:
+    """The model chunks of the forward passes whose backward has not begun when this rank's first backward
+    begins (1F1B: pp - rank micro-batches; interleaved 1F1B: Megatron's warm-up, groups of pp micro-batches
+    per chunk)."""
+    pp, vpp = layout.pp, layout.vpp
+    if vpp == 1:
+        return [0] * min(pp - pp_rank, microbatches)
+    count = min(microbatches * vpp, (pp - pp_rank - 1) * 2 + (vpp - 1) * pp + 1)
+    return [(k // pp) % vpp for k in range(count)]
+
+
+@dataclass(frozen=True)
+class RankActivations:
+    activations: int  # the decoder layers (and embedding) of every micro-batch in flight
+    loss: int  # the last stage's final norm and loss (one micro-batch)
+    per_layer: int  # one layer, one micro-batch, as recomputed
+    layers: int  # decoder layers on this rank
+    in_flight: int  # micro-batch forward passes in flight (model chunks, interleaved)
+
+
+def rank_activations(model: ModelSpec, layout: ParallelLayout, pp_rank: int = 0) -> RankActivations:
+    placement = layout.chunk_placement(model.n_layers)[pp_rank]
+    flights = forwards_in_flight(layout, pp_rank, layout.num_microbatches)
+    per_chunk = [chunk_bytes(model, layout, chunk.layers) + (inputs_bytes(model, layout) if chunk.embedding else 0)
+                 for chunk in placement]
+    loss = sum(1 for c in flights if placement[c].loss) * loss_bytes(model, layout)
+    layers = sum(len(chunk.layers) for chunk in placement)
+    one = chunk_bytes(model, layout, (placement[0].layers or (0,))[:1]) if model.n_layers else 0
+    resident = resident_bytes(model, layout) if layers else 0
+    return RankActivations(sum(per_chunk[c] for c in flights) + resident, loss, one, layers, len(flights))
