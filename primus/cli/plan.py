@@ -104,6 +104,12 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
         lines = [f"{p.level}: {p.message}" for p in problems]
         return ("\n".join(lines) if not as_json else json.dumps({"problems": [p.to_dict() for p in problems]}, indent=2)), 1
     plan = make(model, layout, device, usable_fraction=usable)
+    if device and not isinstance(model, WanSpec):  # asked whether it fits: fitting no device is bad input
+        from primus.config.errors import ConfigError
+        from primus.plan.estimate import fits_nowhere
+
+        if (reason := fits_nowhere(plan.memory, usable)) is not None:
+            raise ConfigError(reason)
     code = 1 if plan.fits is False else 0
     if as_json:
         return json.dumps({**plan.to_dict(), "problems": [p.to_dict() for p in problems]}, indent=2), code

@@ -65,6 +65,17 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     return adapter, plan
 
 
+def describe_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
+                    device: str | None = None):
+    """(ModelSpec, ParallelLayout) of the module, as ``primus plan`` needs them: without the engine where the
+    adapter can (its argument table, a generated model table)."""
+    adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
+    stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
+    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance, f"modules.{module.name}.primus")
+    return adapter.describe(ModuleConfig.of(module, stage), world_size, resolved.provenance,
+                            device=device or host_device())
+
+
 @dataclass
 class Job:
     """What one node's launcher works with, validated."""

@@ -144,6 +144,11 @@ def fsdp2_state(chunks: list[list[Tensor]], layout: ParallelLayout, shard_rank: 
             weights += rows * rest * weight
             grads += rows * rest * grad
             optimizer += owned * rest * state
+            if layout.pp > 1 and tensor.name == "output_layer.weight":
+                # the chunked loss reduce-scatters the head's gradient alone (its sync switched on for the
+                # last chunk) before the final norm's exists; the pipeline's end-of-step reduction of
+                # [norm, head] then allocates the group's buffer again, kept by the norm's gradient
+                grads += rows * rest * grad
     return RankState(weights, grads, optimizer)
 
 
@@ -197,7 +202,7 @@ def _shapes(layout: ParallelLayout) -> Shapes:
     b, t = layout.micro_batch_size, layout.tp
     tokens = s * b
     titan = layout.memory_model == "torchtitan"
-    split = t > 1 and (layout.sequence_parallel or titan)
+    split = t > 1 and layout.sequence_parallel
     norm = tokens // t if split else tokens
     return Shapes(tokens, norm, tokens if titan else norm, b, s, t,
                   DTYPE_BYTES[layout.activation_dtype or layout.param_dtype])
@@ -217,30 +222,44 @@ def norm_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes, width: int |
     return kept + x.linear_tokens * width * x.e
 
 
+def _mla_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes) -> int:
+    """Multi-latent attention (DeepSeek): the latent projection's output and its norm, then the core. On a
+    CPU, TorchTitan's SDPA falls back to the math kernel (q/k and v head widths differ): q, k (transposed),
+    v and the softmax probabilities are kept; fused kernels keep q, k, v and the output's log-sum-exp."""
+    T, e, b, s = x.tokens, x.e, x.b, x.s
+    a = model.n_heads // x.t
+    qk, dv, rope = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim, model.qk_rope_head_dim
+    latent = T * (model.kv_lora_rank + rope) * e + norm_bytes(model, layout, x, model.kv_lora_rank) \
+        - x.linear_tokens * model.kv_lora_rank * e  # the latent norm's output is recomputed by wkv_b's input
+    if model.q_lora_rank:
+        latent += norm_bytes(model, layout, x, model.q_lora_rank)
+    core = T * a * (2 * qk + dv) * e + T * a * dv * e  # q, k, v, the output
+    scores = b * a * s * s * e if not (layout.gpu or layout.memory_model == "megatron-te") else 4 * b * a * s
+    return latent + core + scores + 4 * b * s * rope
+
+
 def attention_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes) -> int:
-    T, t, e = x.tokens, x.t, x.e
-    a = model.n_heads // t
-    g = max(1, model.kv_heads // t)
     if model.is_mla:
-        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
-        latent = T * (model.kv_lora_rank + model.qk_rope_head_dim) * e
-        core = T * a * (2 * qk + 2 * model.v_head_dim) * e
-        d, kv = qk, a  # for the score terms below
-        base = latent + core
-    else:
-        d, kv = model.head_dim, g
-        base = 0
+        return _mla_bytes(model, layout, x)
+    T, t, e = x.tokens, x.t, x.e
+    a, g, d = model.n_heads // t, max(1, model.kv_heads // t), model.head_dim
+    return _qk_norm_bytes(model, layout, x, a + g, d) + _core_attention_bytes(model, layout, x, a, g, d)
+
+
+def _qk_norm_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes, heads: int, d: int) -> int:
+    """Per-head Q and K norms (Qwen3, Megatron's qk_layernorm): as the other norms, their outputs rotated."""
+    if not model.qk_norm:
+        return 0
+    return x.tokens * heads * (d * (x.e if _fused_norms(layout) else 8) + 4)
+
+
+def _core_attention_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes, a: int, g: int, d: int) -> int:
+    T, e = x.tokens, x.e
     lse = 4 * x.b * a * x.s
-    if layout.memory_model == "torchtitan":  # q, k rotated, v contiguous, SDPA's output and log-sum-exp
-        if model.is_mla:
-            return base + lse
+    if layout.memory_model == "torchtitan":  # q, k rotated (and RoPE's table), v contiguous, SDPA's output, lse
         return T * (a + 2 * g) * d * e + T * a * d * e + lse + 4 * x.b * x.s * d
     if layout.memory_model == "megatron-te":  # fused QKV output, q and k rotated, flash attention
-        if model.is_mla:
-            return base + lse
         return T * (a + 2 * g) * d * e + T * (a + g) * d * e + T * a * d * e + lse
-    if model.is_mla:
-        return base + (0 if layout.selective_recompute else x.b * a * x.s * x.s * e)
     # megatron-core's local DotProductAttention: q rotated (and RoPE's cos and sin), k and v repeated to all
     # heads (k rotated itself when there is nothing to repeat), softmax probabilities, context
     q = T * a * d * e + 2 * x.s * d * e
@@ -263,16 +282,22 @@ def mlp_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes, width: int, t
 
 
 def moe_bytes(model: ModelSpec, layout: ParallelLayout, x: Shapes) -> int:
-    """Router scores (fp32), the tokens sent to this rank's experts (top_k copies of each, on average),
-    the experts' MLPs on them, and the shared experts."""
-    T, e, k = x.tokens, x.e, model.top_k
+    """Router scores (fp32), the tokens sent to this rank's experts (top_k copies of each, on average:
+    routing at random initialisation is not balanced, so one rank's share varies), the experts' MLPs on
+    them, and the shared experts. TorchTitan's grouped experts on a CPU compute in bf16: fp32 experts are
+    cast (their weights and tokens) for each forward."""
+    T, e, k, h = x.tokens, x.e, model.top_k, model.dim
     routed = T * k
+    width = model.expert_ffn_dim // layout.expert_tp
     router = 3 * T * model.n_experts * 4
-    dispatched = 2 * routed * model.dim * e
-    experts = mlp_bytes(model, layout, x, model.expert_ffn_dim // layout.expert_tp, routed)
+    dispatched = 2 * routed * h * e
     shared = mlp_bytes(model, layout, x, model.shared_expert_ffn_hidden_size // layout.tp) \
         if model.shared_expert_ffn_hidden_size else 0
-    return router + dispatched + experts + shared
+    if layout.memory_model == "torchtitan" and not layout.gpu and e == 4:
+        local = model.n_experts // layout.ep
+        casts = 3 * local * width * h * 2 + routed * (h + width) * 2
+        return router + routed * h * e + 4 * routed * width * 2 + casts + shared
+    return router + dispatched + mlp_bytes(model, layout, x, width, routed) + shared
 
 
 def layer_bytes(model: ModelSpec, layout: ParallelLayout, moe: bool) -> int:
@@ -375,4 +400,14 @@ def rank_activations(model: ModelSpec, layout: ParallelLayout, pp_rank: int = 0)
     layers = sum(len(chunk.layers) for chunk in placement)
     one = chunk_bytes(model, layout, (placement[0].layers or (0,))[:1]) if model.n_layers else 0
     resident = resident_bytes(model, layout) if layers else 0
+    if layout.memory_model == "torchtitan" and layout.pp > 1:
+        resident += pipeline_buffers(model, layout, sum(1 for c in flights if not placement[c].loss))
     return RankActivations(sum(per_chunk[c] for c in flights) + resident, loss, one, layers, len(flights))
+
+
+def pipeline_buffers(model: ModelSpec, layout: ParallelLayout, outputs_in_flight: int) -> int:
+    """torch.distributed.pipelining (TorchTitan): a receive buffer for every micro-batch of the step, and
+    each forward's output kept until its backward (megatron-core frees an output once sent)."""
+    x = _shapes(layout)
+    stage = x.norm_tokens * model.dim * x.e
+    return (layout.num_microbatches + outputs_in_flight) * stage

@@ -41,17 +41,17 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
     """(ModelSpec, ParallelLayout) of one module of an experiment, from its adapter's ``EnginePlan``
     (planned for ``device``: "cuda" for a named GPU; default this host's)."""
     from primus.config.resolve import resolve_experiment
-    from primus.launch.job import plan_module, select_module
+    from primus.launch.job import describe_module, select_module
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
-    _, plan = plan_module(resolved, module, world_size, require_engine=False, device=device)
-    if plan.model is None or plan.layout is None:
+    model, layout = describe_module(resolved, module, world_size, device=device)
+    if model is None or layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
                           "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "
                           "a local pipeline with transformer/config.json or a known Hub name)")
-    return plan.model, plan.layout
+    return model, layout
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -56,7 +56,10 @@ CASES: tuple[Case, ...] = (
     _megatron("megatron-1rank-full-recompute", 1, "model.n_layers=4", "recompute_granularity=full",
               "recompute_method=uniform", "recompute_num_layers=2"),
     _megatron("megatron-1rank-selective-recompute", 1, "bf16=true", "recompute_granularity=selective"),
-    _megatron("megatron-dp2-bf16-distopt", 2, "bf16=true", "use_distributed_optimizer=true", "global_batch_size=4"),
+    # per-head Q/K norms (32 elements: 64-element alignment padding) and 200k-parameter buckets: the
+    # distributed optimizer's uneven shards
+    _megatron("megatron-dp2-bf16-distopt-buckets", 2, "bf16=true", "use_distributed_optimizer=true",
+              "global_batch_size=4", "model.qk_norm=true", "overlap_grad_reduce=true", "ddp_bucket_size=200000"),
     _megatron("megatron-tp2-sp", 2, "tensor_model_parallel_size=2", "sequence_parallel=true"),
     _megatron("megatron-pp2-4mb", 2, "pipeline_model_parallel_size=2", "global_batch_size=8"),
     _megatron("megatron-ep2-moe-distopt", 2, "use_distributed_optimizer=true", "seq_length=64",
@@ -117,3 +120,37 @@ def default_assets() -> Path:
 
 def scratch() -> Path:
     return Path(tempfile.mkdtemp(prefix="primus-plan-memory-"))
+
+
+@dataclass(frozen=True)
+class Residual:
+    case: str
+    rank: str  # "0", "1", ... or "mean" (MoE activations: the balanced share)
+    component: str
+    planned: int
+    measured: int
+
+    @property
+    def relative(self) -> float:
+        return (self.planned - self.measured) / self.measured if self.measured else 0.0
+
+
+def residuals(case: Case, plan: Any, ranks: list[dict]) -> list[Residual]:
+    """Plan vs measured, per rank and component. Activations of an MoE model are compared as the mean over
+    the ranks: routing at random initialisation sends one rank more tokens than another; the plan
+    predicts the balanced share."""
+    from primus.plan.estimate import rank_memory
+
+    rows, acts = [], []
+    for index, measured in enumerate(ranks):
+        shard = measured["dp"] if "dp" in measured else measured.get("dp_shard", 0)
+        planned = rank_memory(plan.model, plan.layout, measured.get("pp", 0), shard, measured.get("edp", 0))
+        for component in STATIC:
+            rows.append(Residual(case.name, str(index), component, getattr(planned, component), measured[component]))
+        acts.append(Residual(case.name, str(index), "activations", planned.activations + planned.logits,
+                             measured["activations"]))
+    if plan.model.is_moe:
+        mean = lambda values: round(sum(values) / len(values))  # noqa: E731
+        acts = [Residual(case.name, "mean", "activations", mean([r.planned for r in acts]),
+                         mean([r.measured for r in acts]))]
+    return rows + acts
