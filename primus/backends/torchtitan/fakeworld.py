@@ -71,7 +71,8 @@ def rank_state(cfg: Any, layout: ParallelLayout, rank: int, world: int) -> RankS
         raise ConfigError("a fake-world build needs a process without a process group")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        params = _fsdp_params(_model_parts(cfg, world))
+        parts = _model_parts(cfg, world)
+        params = _fsdp_params(parts)
     except ENGINE_ERRORS as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"TorchTitan refuses this layout on {world} ranks (rank {rank}): {message}") from None
@@ -80,4 +81,9 @@ def rank_state(cfg: Any, layout: ParallelLayout, rank: int, world: int) -> RankS
     padded = sum(math.prod(p.padded_sharded_param_size) for p in params)
     owned = sum(math.prod(p.sharded_size) for p in params)
     weight, grad = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.grad_dtype]
-    return RankState(padded * weight, padded * grad, owned * ADAM_STATES * DTYPE_BYTES[layout.optimizer_dtype])
+    # measured on real ranks (primus.plan.memory.fsdp2_state): under pipeline parallelism the last stage's
+    # output head has its gradient reduced twice, once alone by the chunked loss
+    heads = {id(part.lm_head.weight) for part in parts if layout.pp > 1 and getattr(part, "lm_head", None) is not None}
+    head = [p for p in params if id(p.sharded_param) in heads]
+    extra = sum(math.prod(p.padded_sharded_param_size) for p in head) * grad
+    return RankState(padded * weight, padded * grad + extra, owned * ADAM_STATES * DTYPE_BYTES[layout.optimizer_dtype])
