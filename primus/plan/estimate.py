@@ -200,7 +200,8 @@ def estimate_memory(model: ModelSpec, layout: ParallelLayout, *, flash_attention
 def rank_memory(model: ModelSpec, layout: ParallelLayout, pp_rank: int = 0, shard_rank: int | None = 0,
                 expert_rank: int | None = 0) -> MemoryEstimate:
     """One rank, by its pipeline rank and its index in the sharding groups (None: the heaviest index)."""
-    from primus.plan.memory import rank_activations, rank_state
+    from primus.plan.activations import rank_activations
+    from primus.plan.memory import rank_state
 
     state = rank_state(model, layout, pp_rank, shard_rank, expert_rank)
     acts = rank_activations(model, layout, pp_rank)

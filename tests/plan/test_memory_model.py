@@ -7,7 +7,8 @@ import pytest
 
 from primus.plan.estimate import estimate_memory, fits_nowhere, rank_memory
 from primus.plan.layout import ParallelLayout
-from primus.plan.memory import forwards_in_flight, fsdp2_state, megatron_buffer, megatron_state, owned_per_rank
+from primus.plan.activations import forwards_in_flight
+from primus.plan.memory import fsdp2_state, megatron_buffer, megatron_state, owned_per_rank
 from primus.plan.model import ModelSpec
 from primus.plan.tensors import Tensor
 
