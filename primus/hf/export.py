@@ -90,6 +90,11 @@ def _megatron(run_dir: Path, name: str, section: dict[str, Any], step: int | Non
     root = plan.checkpoint.directory
     steps = {int(m.group(1)): p for p in root.glob("iter_*") if (m := re.fullmatch(r"iter_(\d+)", p.name))
              and (p / "metadata.json").exists()}
+    from primus.backends.megatron.legacy_checkpoint import is_legacy
+
+    if not steps and any(is_legacy(p) for p in root.glob("iter_*")):
+        raise ConfigError(f"{root}: the run saved Megatron-LM's legacy layout (ckpt_format: torch); export reads "
+                          "torch_dist checkpoints (resume the run for a step with ckpt_format: torch_dist)")
     step, path = _pick_step(steps, step, root)
     source, spec = None, plan.model
     if plan.checkpoint.format == "hf":  # the HF model it started from: its config and unpadded vocabulary

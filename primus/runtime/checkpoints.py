@@ -6,6 +6,13 @@ the file, offset and length of every saved tensor and object. A checkpoint is us
 ``.metadata`` loads, every file it names exists and is at least as long as the data it must
 hold, and its small side files (Megatron's ``common.pt``, ``metadata.json``) are intact.
 
+Megatron-LM's legacy layout (``ckpt_format: torch``) has no ``.metadata``: ``iter_NNNNNNN`` holds
+one ``mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt`` per model-parallel rank (and ``distrib_optim.pt``
+with the distributed optimizer), and ``latest_checkpointed_iteration.txt`` is written once every
+rank has saved. It is usable when the rank directories form a whole TP x PP x EP grid and every
+file is an intact ``torch.save`` archive (each member passes its CRC); one newer than the tracker
+is a save that never finished.
+
 Resuming picks the newest usable checkpoint, warning about each newer one it skips (naming
 the bad file), and refuses (exit 2, naming it) when there are checkpoints but none is usable.
 A directory without ``.metadata`` is a save that never finished (the engines skip it too): it
@@ -15,6 +22,7 @@ overwrite it, and it stays there for the user to inspect.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -27,15 +35,63 @@ from primus.config.errors import ConfigError
 logger = logging.getLogger("primus.checkpoints")
 
 LAYOUTS = {"torchtitan": re.compile(r"^step-(\d+)$"), "megatron": re.compile(r"^iter_(\d+)$")}
+LEGACY_RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")  # Megatron-LM's get_checkpoint_name
+LEGACY_FILES = ("model_optim_rng.pt", "distrib_optim.pt")
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 
 
 class UnusableCheckpoint(ConfigError):
     """Checkpoints exist but none can be resumed from."""
 
 
+def _legacy_rank_dirs(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_dir() and LEGACY_RANK_DIR.match(p.name)) if path.is_dir() else []
+
+
 def _unfinished(path: Path) -> str | None:
+    if _legacy_rank_dirs(path):
+        tracker = path.parent / MEGATRON_TRACKER
+        match = LAYOUTS["megatron"].match(path.name)
+        text = tracker.read_text().strip() if tracker.is_file() else ""
+        if match and (not text.isdigit() or int(match.group(1)) > int(text)):
+            return f"{tracker} does not name {path.name} or a later iteration (the save did not finish)"
+        return None
     metadata = path / ".metadata"
     return None if metadata.is_file() else f"{metadata} is missing (the save did not finish)"
+
+
+def _archive_problem(file: Path) -> str | None:
+    """None when ``file`` is an intact ``torch.save`` (zip) archive."""
+    try:
+        with zipfile.ZipFile(file) as archive:
+            if archive.testzip() is not None:
+                raise zipfile.BadZipFile("a member fails its CRC")
+    except (OSError, zipfile.BadZipFile) as exc:
+        return f"{file} is damaged ({exc})"
+    return None
+
+
+def _legacy_problem(path: Path) -> str | None:
+    """What is wrong with a Megatron-LM legacy checkpoint: a hole in its rank grid, a file missing or damaged."""
+    dirs = _legacy_rank_dirs(path)
+    ranks = {tuple(int(g) for g in LEGACY_RANK_DIR.match(d.name).groups() if g is not None) for d in dirs}
+    widths = {len(r) for r in ranks}
+    if len(widths) > 1:
+        return f"{path} mixes rank directory names of different layouts ({', '.join(d.name for d in dirs[:4])})"
+    sizes = [max(r[i] for r in ranks) + 1 for i in range(widths.pop())]
+    missing = [r for r in itertools.product(*map(range, sizes)) if r not in ranks]
+    if missing:
+        name = "mp_rank_" + "_".join(f"{v:02d}" if i == 0 else f"{v:03d}" for i, v in enumerate(missing[0]))
+        return f"{path / name} is missing ({len(missing)} of the {len(ranks) + len(missing)} rank directories)"
+    for directory in dirs:
+        model = directory / LEGACY_FILES[0]
+        if not model.is_file():
+            return f"{model} is missing"
+        for file in (directory / name for name in LEGACY_FILES):
+            problem = _archive_problem(file) if file.is_file() else None
+            if problem:
+                return problem
+    return None
 
 
 def problem_of(path: Path) -> str | None:
@@ -44,6 +100,8 @@ def problem_of(path: Path) -> str | None:
     unfinished = _unfinished(path)
     if unfinished:
         return unfinished
+    if _legacy_rank_dirs(path):
+        return _legacy_problem(path)
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
@@ -63,12 +121,9 @@ def problem_of(path: Path) -> str | None:
         if actual < size:
             return f"{file} is truncated ({actual} of {size} bytes)"
     for side in sorted(path.glob("*.pt")):
-        try:
-            with zipfile.ZipFile(side) as archive:
-                if archive.testzip() is not None:
-                    raise zipfile.BadZipFile("a member fails its CRC")
-        except (OSError, zipfile.BadZipFile) as exc:
-            return f"{side} is damaged ({exc})"
+        problem = _archive_problem(side)
+        if problem:
+            return problem
     for side in sorted(path.glob("*.json")):
         try:
             json.loads(side.read_text())

@@ -4,13 +4,15 @@ A damaged newest checkpoint: verified before resuming, skipped with a warning na
 file (and moved aside, never deleted), or refused (exit 2) when no checkpoint is usable.
 
 Unit tests use real ``torch.distributed.checkpoint`` directories in both layouts (TorchTitan
-``step-N``, Megatron ``iter_NNNNNNN`` with its ``common.pt``); the end-to-end test truncates a
-real TorchTitan shard and resumes through ``primus train``.
+``step-N``, Megatron ``iter_NNNNNNN`` with its ``common.pt``) and Megatron-LM's legacy per-rank
+``torch.save`` files (``ckpt_format: torch``); the end-to-end test truncates a real TorchTitan
+shard and resumes through ``primus train``.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,46 @@ def test_megatron_layout_respects_the_tracker(tmp_path):
     (newest / "common.pt").write_bytes(b"PK\x03\x04 cut")
     assert newest_usable(tmp_path, "megatron", at_most=6, warn=lambda _: None) == 3
     assert newest_usable(tmp_path, "torchtitan") is None  # layouts do not mix
+
+
+def _legacy(root: Path, iteration: int, ranks=("mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"),
+            tracker: int | None = None) -> Path:
+    """Megatron-LM's legacy layout (ckpt_format: torch): one torch.save file per TP x PP rank."""
+    path = root / f"iter_{iteration:07d}"
+    for rank in ranks:
+        (path / rank).mkdir(parents=True)
+        torch.save({"iteration": iteration, "model": {"w": torch.randn(64, 64)}}, path / rank / "model_optim_rng.pt")
+    (root / "latest_checkpointed_iteration.txt").write_text(str(tracker if tracker is not None else iteration))
+    return path
+
+
+def test_a_whole_legacy_checkpoint_passes(tmp_path):
+    assert problem_of(_legacy(tmp_path, 3)) is None
+    assert problem_of(_legacy(tmp_path, 4, ranks=("mp_rank_00", "mp_rank_01"))) is None  # no pipeline
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda p: os.truncate(p / "mp_rank_01_000" / "model_optim_rng.pt", 200), "mp_rank_01_000/model_optim_rng.pt is damaged"),
+    (lambda p: (p / "mp_rank_00_001" / "model_optim_rng.pt").unlink(), "mp_rank_00_001/model_optim_rng.pt is missing"),
+    (lambda p: shutil.rmtree(p / "mp_rank_01_000"), "mp_rank_01_000 is missing (1 of the 4 rank directories)"),
+    (lambda p: (p / "mp_rank_00_000" / "distrib_optim.pt").write_bytes(b"PK\x03\x04 cut"), "distrib_optim.pt is damaged"),
+])
+def test_each_kind_of_legacy_damage_is_named(tmp_path, damage, expected):
+    path = _legacy(tmp_path, 3)
+    damage(path)
+    assert expected in problem_of(path)
+
+
+def test_a_damaged_legacy_checkpoint_is_moved_aside_and_one_beyond_the_tracker_never_finished(tmp_path):
+    _legacy(tmp_path, 2)
+    newest = _legacy(tmp_path, 4)
+    os.truncate(newest / "mp_rank_00_000" / "model_optim_rng.pt", 100)
+    _legacy(tmp_path, 6, tracker=4)  # written, but the tracker was never moved to it
+    warnings: list[str] = []
+    assert newest_usable(tmp_path, "megatron", warn=warnings.append, move_damaged=True) == 2
+    assert any("does not name iter_0000006 or a later iteration (the save did not finish)" in w for w in warnings)
+    assert any("mp_rank_00_000/model_optim_rng.pt is damaged" in w for w in warnings)
+    assert (tmp_path / "iter_0000004.damaged" / "mp_rank_00_000" / "model_optim_rng.pt").exists()
 
 
 @pytest.mark.e2e

@@ -1,16 +1,27 @@
-"""Checkpoints through megatron-core ``dist_checkpointing`` in Megatron-LM's layout.
+"""Megatron checkpoints in Megatron-LM's layout, in the format ``ckpt_format`` names.
 
-``<dir>/iter_0000010/`` holds one torch_dist checkpoint of the model chunks, the optimizer,
-the LR scheduler, the data position (``consumed_samples``) and every rank's RNG streams;
-``<dir>/latest_checkpointed_iteration.txt`` names the newest. The state dict is assembled as
-Megatron-LM's ``generate_state_dict`` does, so the layout is resharding-friendly (TP/PP/DP).
+``<dir>/latest_checkpointed_iteration.txt`` names the newest ``<dir>/iter_0000010/``, which holds
+the model chunks, the optimizer, the LR scheduler, the data position (``consumed_samples``) and
+every rank's RNG streams:
+
+- ``torch_dist`` (Megatron-LM's default): one megatron-core ``dist_checkpointing`` checkpoint, its
+  state dict assembled as Megatron-LM's ``generate_state_dict`` does, so it reshards over TP/PP/DP;
+  with FSDP2 the same checkpoint, loaded into each rank's shards in place (``fsdp.py``);
+- ``torch``: Megatron-LM's legacy per-rank files (``legacy_checkpoint.py``);
+- ``fsdp_dtensor``: Megatron-FSDP's DCP checkpoint (``fsdp.py``, GPU only).
+
+Loading reads whichever format the directory holds (as Megatron-LM's ``_get_checkpoint_format``
+detects it), so a run may resume from a checkpoint written in another format than it saves.
 """
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+from primus.config.errors import ConfigError
+
 TRACKER = "latest_checkpointed_iteration.txt"
+RELEASE = "release"  # Megatron-LM's tracker value for a converted model (weights only, iteration 0)
 
 
 def iteration_dir(root: Path, iteration: int) -> Path:
@@ -24,15 +35,16 @@ def latest_iteration(root: Path | None) -> int | None:
     if not tracker.exists():
         return None
     text = tracker.read_text().strip()
+    if text == RELEASE:
+        return 0
     return int(text) if text.isdigit() else None
 
 
-def _rng_state():
-    """This rank's RNG streams as a ShardedObject over (PP, TP), replicated across DP (Megatron-LM)."""
+def rng_streams() -> dict:
+    """This rank's RNG streams, as Megatron-LM's ``get_rng_state`` collects them."""
     import numpy
     import torch
-    from megatron.core import parallel_state, tensor_parallel
-    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core import tensor_parallel
 
     state = {
         "random_rng_state": random.getstate(),
@@ -42,11 +54,19 @@ def _rng_state():
     }
     if torch.cuda.is_available():
         state["cuda_rng_state"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _rng_state():
+    """This rank's RNG streams as a ShardedObject over (PP, TP), replicated across DP (Megatron-LM)."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    return ShardedObject("rng_state", [state], (pp_size, tp_size), (pp_rank, tp_rank),
+    return ShardedObject("rng_state", [rng_streams()], (pp_size, tp_size), (pp_rank, tp_rank),
                          replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True))
 
 
@@ -137,74 +157,129 @@ def _state_dict(chunks, optimizer, scheduler, *, iteration: int, consumed_sample
     return state
 
 
-def save_checkpoint(root: Path, chunks, optimizer, scheduler, *, iteration: int, consumed_samples: int,
-                    use_distributed_optimizer: bool, save_optimizer: bool = True, save_rng: bool = True) -> Path:
+def _write_tracker(root: Path, iteration: int) -> None:
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
 
-    target = iteration_dir(root, iteration)
-    if dist.get_rank() == 0:
-        target.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=consumed_samples,
-                        use_distributed_optimizer=use_distributed_optimizer, is_loading=False,
-                        with_optimizer=save_optimizer, with_rng=save_rng)
-    dist_checkpointing.save(state, str(target))
     dist.barrier()
     if dist.get_rank() == 0:
         tmp = Path(root) / (TRACKER + ".tmp")
         tmp.write_text(str(iteration))
         tmp.replace(Path(root) / TRACKER)
     dist.barrier()
+
+
+def save_checkpoint(root: Path, chunks, optimizer, scheduler, args, *, iteration: int, consumed_samples: int) -> Path:
+    """Save ``iter_NNNNNNN`` under ``root`` in ``args.ckpt_format``, then point the tracker at it."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    save_optimizer, save_rng = not args.no_save_optim, not args.no_save_rng
+    target = iteration_dir(root, iteration)
+    if dist.get_rank() == 0:
+        target.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    if args.ckpt_format == "torch":
+        from primus.backends.megatron import legacy_checkpoint
+
+        legacy_checkpoint.save(target, chunks, optimizer, scheduler, args, iteration=iteration,
+                               consumed_samples=consumed_samples, save_optimizer=save_optimizer, save_rng=save_rng)
+    elif args.ckpt_format == "fsdp_dtensor":
+        from primus.backends.megatron.fsdp import save_fsdp_dtensor
+
+        save_fsdp_dtensor(target, chunks, optimizer, scheduler, args, iteration=iteration,
+                          consumed_samples=consumed_samples, rng_state=[rng_streams()] if save_rng else None)
+    else:
+        state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=consumed_samples,
+                            use_distributed_optimizer=args.use_distributed_optimizer, is_loading=False,
+                            with_optimizer=save_optimizer, with_rng=save_rng)
+        dist_checkpointing.save(state, str(target))
+    _write_tracker(root, iteration)
     return target
 
 
-def load_checkpoint(root: Path, chunks, optimizer, scheduler, **options) -> tuple[int, int]:
+def load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tuple[int, int]:
     """Restore the latest checkpoint under ``root``; returns (iteration, consumed_samples).
 
-    Runs under ``no_grad``: with fp32 parameters the distributed optimizer's main parameters
-    are views of the model's leaf parameters, and megatron-core's
-    ``load_parameter_state_from_dp_reshardable`` copies into them in place (autograd refuses).
+    ``log(key, value, reason)`` says what loading decided (a derived line). Runs under
+    ``no_grad``: with fp32 parameters the distributed optimizer's main parameters are views of
+    the model's leaf parameters, and megatron-core's ``load_parameter_state_from_dp_reshardable``
+    copies into them in place (autograd refuses).
     """
     import torch
 
     with torch.no_grad():
-        return _load_checkpoint(root, chunks, optimizer, scheduler, **options)
+        return _load_checkpoint(root, chunks, optimizer, scheduler, args, log)
 
 
-def _load_checkpoint(root: Path, chunks, optimizer, scheduler, *, use_distributed_optimizer: bool,
-                    finetune: bool, no_load_optim: bool, no_load_rng: bool) -> tuple[int, int]:
-    """Restore the latest checkpoint under ``root``; returns (iteration, consumed_samples).
+def _source(root: Path) -> tuple[Path, int, bool]:
+    """(directory, iteration, release) of the checkpoint the tracker names: the newest whole one at or
+    before it (a damaged newer one is skipped with a warning), or Megatron-LM's ``release`` directory."""
+    from primus.runtime.checkpoints import newest_usable, problem_of
 
-    ``finetune`` loads only the weights and restarts at iteration 0 (Megatron-LM semantics).
-    """
-    from megatron.core import dist_checkpointing
-
+    tracker = Path(root) / TRACKER
+    if tracker.is_file() and tracker.read_text().strip() == RELEASE:
+        source = Path(root) / RELEASE
+        problem = problem_of(source)
+        if problem:
+            raise ConfigError(f"load: {problem}")
+        return source, 0, True
     iteration = latest_iteration(root)
     if iteration is None:
         raise FileNotFoundError(f"no {TRACKER} under {root}")
-    from primus.runtime.checkpoints import newest_usable  # (rel, #16) skip a damaged newest checkpoint
-
     iteration = newest_usable(root, "megatron", at_most=iteration)
     if iteration is None:
         raise FileNotFoundError(f"no finished checkpoint under {root}")
-    source = iteration_dir(root, iteration)
-    with_optimizer = not (finetune or no_load_optim)
-    with_rng = not (finetune or no_load_rng)
-    if with_optimizer:
-        _materialize_adam_state(optimizer)
-    state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=0,
-                        use_distributed_optimizer=use_distributed_optimizer, is_loading=True,
-                        with_optimizer=with_optimizer, with_rng=with_rng)
-    loaded = dist_checkpointing.load(state, str(source))
-    for i, chunk in enumerate(chunks):
-        chunk.module.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"], strict=True)
-    if with_optimizer:
-        optimizer.load_state_dict(loaded["optimizer"])
-        _restore_adam_steps(optimizer, loaded["optimizer"])
-        scheduler.load_state_dict(loaded["opt_param_scheduler"])
-    if with_rng:
-        _restore_rng(loaded["rng_state"])
-    if finetune:
+    return iteration_dir(root, iteration), iteration, False
+
+
+def _load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tuple[int, int]:
+    """``finetune`` (and a ``release`` checkpoint) loads only the weights and restarts at iteration 0
+    (Megatron-LM semantics); the parameters' fp32 main copies then follow the loaded weights."""
+    from megatron.core import dist_checkpointing
+
+    from primus.backends.megatron import fsdp, legacy_checkpoint
+
+    source, iteration, release = _source(root)
+    with_optimizer = not (args.finetune or args.no_load_optim or release)
+    with_rng = not (args.finetune or args.no_load_rng or release)
+    if legacy_checkpoint.is_legacy(source):
+        if fsdp.sharding(args):
+            raise ConfigError(f"load: {source} is a legacy checkpoint (ckpt_format: torch), which holds whole "
+                              "tensors per model-parallel rank; FSDP runs load torch_dist (FSDP2) or fsdp_dtensor "
+                              "checkpoints: save it once in ckpt_format: torch_dist from a run without FSDP")
+        log("load", str(source), "Megatron-LM's legacy checkpoint layout (ckpt_format: torch)")
+        state, consumed = legacy_checkpoint.load(source, chunks, optimizer, args, with_optimizer=with_optimizer,
+                                                 with_rng=with_rng, log=log)
+        if with_optimizer:
+            _restore_adam_steps(optimizer, state["optimizer"])
+            scheduler.load_state_dict(state["opt_param_scheduler"])
+        loaded_iteration = state.get("iteration", iteration)
+    elif fsdp.is_fsdp_dtensor(source):
+        loaded_iteration, consumed = fsdp.load_fsdp_dtensor(source, chunks, optimizer, scheduler, args,
+                                                            with_optimizer=with_optimizer, with_rng=with_rng,
+                                                            restore_rng=_restore_rng)
+    else:
+        if with_optimizer:
+            _materialize_adam_state(optimizer)
+        state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=0,
+                            use_distributed_optimizer=args.use_distributed_optimizer, is_loading=True,
+                            with_optimizer=with_optimizer, with_rng=with_rng)
+        loaded = dist_checkpointing.load(state, str(source))
+        if fsdp.is_torch_fsdp2(chunks):
+            fsdp.restore_fsdp2_shards(chunks, optimizer, loaded, with_optimizer=with_optimizer)
+        else:
+            for i, chunk in enumerate(chunks):
+                chunk.module.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"], strict=True)
+            if with_optimizer:
+                optimizer.load_state_dict(loaded["optimizer"])
+                _restore_adam_steps(optimizer, loaded["optimizer"])
+        if with_optimizer:
+            scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        if with_rng:
+            _restore_rng(loaded["rng_state"])
+        loaded_iteration, consumed = loaded["iteration"], loaded["consumed_samples"]
+    if not with_optimizer and (args.bf16 or args.fp16):
+        optimizer.reload_model_params()  # Megatron-LM: the fp32 main parameters follow the loaded weights
+    if args.finetune or release:
         return 0, 0
-    return int(loaded["iteration"]), int(loaded["consumed_samples"])
+    return int(loaded_iteration), int(consumed)

@@ -16,6 +16,8 @@ import logging
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from primus.backends.megatron.fsdp_patches import FSDP2_FIXES
+
 logger = logging.getLogger("primus.megatron.cpu_patches")
 
 # Verified against megatron-core 0.16.1; the hard-coded CUDA sites are the same across 0.16.x.
@@ -245,9 +247,33 @@ def patch_cpu_expert_init_across_ep_ranks() -> None:
     experts.SequentialMLP.__init__ = __init__
 
 
+def patch_torch_fsdp2_cpu_mesh() -> None:
+    """megatron-core's FSDP2 wrapper builds its device mesh for the CPU when there is no CUDA.
+
+    Why: ``TorchFullyShardedDataParallel.__init__`` calls ``DeviceMesh.from_group(group, "cuda")``,
+    and PyTorch's ``fully_shard`` then places every shard on ``cuda`` (on a CPU-only torch: "Torch
+    not compiled with CUDA enabled"). FSDP2 itself runs on CPU meshes over gloo; the same mesh
+    with device type ``cpu`` keeps the data-parallel group and every sharding decision.
+    """
+    from megatron.core.distributed import torch_fully_sharded_data_parallel as fsdp2
+
+    mesh_class = fsdp2.DeviceMesh
+    if getattr(mesh_class, "_primus_cpu", False):
+        return
+
+    class CpuDeviceMesh:
+        _primus_cpu = True
+
+        @staticmethod
+        def from_group(group, device_type, *args, **kwargs):
+            return mesh_class.from_group(group, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    fsdp2.DeviceMesh = CpuDeviceMesh
+
+
 CPU_PATCHES = (patch_current_device, patch_rng_tracker, patch_recompute_rng, patch_cuda_device_arguments,
                patch_param_type_checks, patch_moe_router_gemm_name, patch_alltoall_dispatcher_without_cuda_streams,
-               patch_cpu_expert_init_across_ep_ranks)
+               patch_cpu_expert_init_across_ep_ranks, patch_torch_fsdp2_cpu_mesh)
 
 
 def patch_identity_reduce_for_single_rank_groups() -> None:
@@ -364,9 +390,40 @@ def patch_mla_without_transformer_engine() -> None:
         mla.TEColumnParallelLinear = mla.TELinear = mla.Linear = mla.set_save_original_input = None
 
 
+def patch_distrib_optimizer_legacy_load_with_torch_adam() -> None:
+    """The distributed optimizer's legacy ``distrib_optim.pt`` loads into torch's Adam.
+
+    Why (megatron-core 0.16 without Transformer Engine / Apex, any device; still so in Megatron-LM
+    main): ``load_parameter_state_from_dp_zero`` hands each parameter its ``param``, ``exp_avg`` and
+    ``exp_avg_sq`` shards, and ``_set_main_param_and_optimizer_states`` copies every key of the
+    optimizer's state from them; torch's Adam also keeps a per-parameter ``step`` there (TE's and
+    Apex's fused Adam keep it in the param group), so resuming a ``ckpt_format: torch`` checkpoint
+    with ``use_distributed_optimizer`` fails with KeyError 'step'. Here the keys the file holds are
+    copied; ``step`` comes from the checkpoint's param groups, as for torch_dist.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(original, "_primus_torch_adam", False):
+        return
+
+    def _set_main_param_and_optimizer_states(self, model_param, tensors):
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return original(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        for key, target in {"param": main_param, **self.optimizer.state[main_param]}.items():
+            if key in tensors:
+                target.copy_(tensors[key])
+
+    _set_main_param_and_optimizer_states._primus_torch_adam = True
+    DistributedOptimizer._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+
+
 # Upstream bugs that are not about CPU: applied on every device (same version gate).
 UPSTREAM_FIXES = (patch_identity_reduce_for_single_rank_groups, patch_local_attention_mla_head_dims,
-                  patch_mla_without_transformer_engine, patch_torch_norm_sequence_parallel)
+                  patch_mla_without_transformer_engine, patch_torch_norm_sequence_parallel,
+                  patch_distrib_optimizer_legacy_load_with_torch_adam, *FSDP2_FIXES)
 
 
 def apply_upstream_fixes() -> list[str]:

@@ -82,6 +82,8 @@ IMPLEMENTED: dict[str, str] = {
                      "tokenizer_type", "tokenizer_model"), "data"),
     **dict.fromkeys(("save", "load", "save_interval", "finetune", "no_load_optim", "no_load_rng", "no_save_optim",
                      "no_save_rng", "ckpt_format", "exit_on_missing_checkpoint"), "checkpoint"),
+    **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward", "use_megatron_fsdp",
+                     "data_parallel_sharding_strategy"), "fsdp"),
 }
 
 # Values of implemented arguments this backend runs; any other (valid Megatron-LM) value is refused.
@@ -92,7 +94,9 @@ SUPPORTED_VALUES: dict[str, tuple[set, str]] = {
     "position_embedding_type": ({"learned_absolute", "rope", "none"},
                                 "mrope and relative embeddings need other model code / Transformer Engine"),
     "moe_token_dispatcher_type": ({"allgather", "alltoall"}, "the flex dispatcher needs DeepEP on GPUs"),
-    "ckpt_format": ({"torch_dist"}, "checkpoints are megatron-core dist_checkpointing (torch_dist)"),
+    "ckpt_format": ({"torch_dist", "torch", "fsdp_dtensor"},
+                    "megatron-core dist_checkpointing (torch_dist), Megatron-LM's legacy per-rank files (torch) "
+                    "and Megatron-FSDP's DCP checkpoints (fsdp_dtensor) are wired here"),
     "dataloader_type": ({None, "single"}, "Megatron-LM's pretraining sampler order is what runs here"),
     "rope_type": ({None, "rope", "yarn"}, "megatron-core's RoPE and YaRN"),
 }
@@ -179,12 +183,13 @@ REFUSED: dict[str, str] = {
     ), _TE_PRECISION),
     **dict.fromkeys((
         "context_parallel_size", "hierarchical_context_parallel_sizes", "max_seqlen_per_dp_cp_rank",
-        "hybrid_context_parallel", "use_megatron_fsdp", "use_torch_fsdp2", "torch_fsdp2_reshard_after_forward",
-        "data_parallel_sharding_strategy", "outer_dp_sharding_strategy", "fsdp_double_buffer",
+        "hybrid_context_parallel", "outer_dp_sharding_strategy", "fsdp_double_buffer",
         "enable_full_sharding_in_hsdp", "num_distributed_optimizer_instances",
-        "megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype", "megatron_fsdp_grad_comm_dtype",
         "fake_process_group", "dist_ckpt_optim_fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient",
     ), _LAYOUT),
+    **dict.fromkeys(("megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype",
+                     "megatron_fsdp_grad_comm_dtype"),
+                    "megatron-core 0.16's Megatron-FSDP takes no mixed-precision dtypes (a later Megatron-LM argument)"),
     **dict.fromkeys((
         "experimental_attention_variant", "softmax_type", "qk_l2_norm", "qk_clip", "qk_clip_alpha",
         "qk_clip_threshold", "attention_output_gate", "glu_linear_offset", "activation_func_clamp_value",
@@ -224,6 +229,12 @@ REFUSED: dict[str, str] = {
     ), "a checkpoint mode not wired here (save/load of torch_dist checkpoints is)"),
     **dict.fromkeys(("error_injection_rate", "error_injection_type", "result_rejected_tracker_filename"),
                     "fault injection / result replay would change the run"),
+}
+
+# Implemented arguments that need a GPU: on a CPU a non-default value is refused, for this reason.
+NEEDS_GPU: dict[str, str] = {
+    "use_megatron_fsdp": "Megatron-FSDP (megatron-core 0.16's megatron_fsdp) gathers parameters and reduce-scatters "
+                         "gradients on CUDA streams and places its buffers on a CUDA device: it needs a GPU",
 }
 
 # Kernel-only arguments the trainer honours where the kernel exists and always says what it chose
@@ -279,11 +290,21 @@ def _same(value: Any, default: Any) -> bool:
     return norm(value) == norm(default)
 
 
-def run_time_notes(args, given: set[str], module: str = "pre_trainer") -> list[tuple[str, Any, str]]:
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def run_time_notes(args, given: set[str], module: str = "pre_trainer", *,
+                   on_gpu: bool | None = None) -> list[tuple[str, Any, str]]:
     """Check the arguments the experiment set, at run time (never in ``config validate``/dry-run).
 
     Returns one (key, value, reason) note per kernel-only argument set to a non-default value;
-    raises ConfigError (exit 2, one line) for the first refused one.
+    raises ConfigError (exit 2, one line) for the first refused one. ``on_gpu`` (default: CUDA is
+    available here) decides the ``NEEDS_GPU`` arguments.
     """
     notes = []
     table = megatron_lm_table()
@@ -299,6 +320,8 @@ def run_time_notes(args, given: set[str], module: str = "pre_trainer") -> list[t
                                   f"supported: {', '.join(repr(v) for v in sorted(values, key=str) if v is not None)}")
         if _same(value, table[dest].default):
             continue
+        if dest in NEEDS_GPU and not (_cuda_available() if on_gpu is None else on_gpu):
+            raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be run on a CPU ({NEEDS_GPU[dest]})")
         if support.kind == REFUSED_KIND:
             raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be honoured here ({support.reason}); "
                               "ignoring it would change the run, so training stops "

@@ -22,9 +22,9 @@ from primus.backends.megatron.model import (
     padded_vocab_size,
     transformer_config,
     use_transformer_engine,
-    wrap_ddp,
     wrap_float16,
 )
+from primus.backends.megatron.fsdp import wrap_data_parallel
 from primus.backends.megatron.plan import flops_per_step
 from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.support import run_time_notes
@@ -125,7 +125,8 @@ class MegatronTrainer:
                 self.ctx.logger.warning("%s=%s (%s)", key, value, reason)
             else:
                 self.ctx.log_derived(key, value, reason)
-        for key, value, reason in run_time_notes(self.args, self.args.given, self.module):
+        for key, value, reason in run_time_notes(self.args, self.args.given, self.module,
+                                                 on_gpu=self.ctx.device.startswith("cuda")):
             self.ctx.log_derived(key, value, reason)
 
     def setup(self) -> None:
@@ -196,7 +197,7 @@ class MegatronTrainer:
             self.post.load_weights(chunks, ctx)
         if self.lora is not None:  # after the base weights are loaded, before Float16Module/DDP/optimizer
             self._apply_lora(chunks)
-        self.model = wrap_ddp(args, self.config, wrap_float16(args, self.config, chunks))
+        self.model = wrap_data_parallel(args, self.config, wrap_float16(args, self.config, chunks))
         self.optimizer = build_optimizer(args, self.model)
         self._hook_schedule()
         self.scheduler = build_scheduler(args, self.optimizer, self.gbs)
@@ -213,10 +214,8 @@ class MegatronTrainer:
                     raise ConfigError(f"load: no checkpoint ({ckpt.TRACKER}) under {load_dir}")
                 ctx.logger.info("resume: no checkpoint under %s yet, starting from scratch", load_dir)
             else:
-                self.iteration, self.consumed = ckpt.load_checkpoint(
-                    load_dir, self.model, self.optimizer, self.scheduler,
-                    use_distributed_optimizer=args.use_distributed_optimizer, finetune=args.finetune,
-                    no_load_optim=bool(args.no_load_optim), no_load_rng=bool(args.no_load_rng))
+                self.iteration, self.consumed = ckpt.load_checkpoint(load_dir, self.model, self.optimizer,
+                                                                     self.scheduler, args, ctx.log_derived)
                 ctx.logger.info("loaded checkpoint %s at iteration %d", load_dir, self.iteration)
 
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -318,10 +317,8 @@ class MegatronTrainer:
         return _global_loss(losses, self.device)
 
     def save(self) -> None:
-        path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler,
-                                    iteration=self.iteration, consumed_samples=self.consumed,
-                                    use_distributed_optimizer=self.args.use_distributed_optimizer,
-                                    save_optimizer=not self.args.no_save_optim, save_rng=not self.args.no_save_rng)
+        path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
+                                    iteration=self.iteration, consumed_samples=self.consumed)
         self.ctx.logger.info("saved checkpoint %s", path)
 
     def train(self) -> None:

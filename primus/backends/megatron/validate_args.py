@@ -50,9 +50,11 @@ def apply_megatron_lm_rules(args, *, module: str = "pre_trainer") -> None:
                   "parallelism without tensor parallelism", level="warning")
     if args.tp_comm_overlap and not args.sequence_parallel:
         raise _fail(m, "tensor-parallel communication overlap needs sequence_parallel: true", "tp_comm_overlap")
-    if args.overlap_param_gather and not (args.use_distributed_optimizer and args.overlap_grad_reduce):
-        raise _fail(m, "needs use_distributed_optimizer: true and overlap_grad_reduce: true (Megatron-LM)",
-                    "overlap_param_gather")
+    if args.overlap_param_gather and not ((args.use_distributed_optimizer or args.use_megatron_fsdp)
+                                          and args.overlap_grad_reduce):
+        raise _fail(m, "needs use_distributed_optimizer (or use_megatron_fsdp): true and overlap_grad_reduce: true "
+                    "(Megatron-LM)", "overlap_param_gather")
+    _fsdp_rules(args, m)
     if args.recompute_granularity == "selective" and args.recompute_method is not None:
         raise _fail(m, "recompute_method is not supported with recompute_granularity: selective", "recompute_method")
     if args.recompute_method is not None and args.recompute_granularity != "full":
@@ -72,6 +74,30 @@ def apply_megatron_lm_rules(args, *, module: str = "pre_trainer") -> None:
         raise _fail(m, "save is set: Megatron-LM needs save_interval too", "save_interval")
     if args.log_memory_interval is not None and args.log_memory_interval % args.log_interval:
         raise _fail(m, f"must be a multiple of log_interval ({args.log_interval})", "log_memory_interval")
+
+
+def _fsdp_rules(args, m: str) -> None:
+    """Megatron-LM's asserts for PyTorch FSDP2 and Megatron-FSDP and the checkpoint formats they save."""
+    if args.use_torch_fsdp2:
+        for broken, key, message in (
+            (args.pipeline_model_parallel_size != 1, "pipeline_model_parallel_size", "is not supported with pipeline parallelism"),
+            (args.expert_model_parallel_size != 1, "expert_model_parallel_size", "is not supported with expert parallelism"),
+            (args.use_distributed_optimizer, "use_distributed_optimizer", "is not supported with MCore's distributed optimizer"),
+            (args.gradient_accumulation_fusion, "gradient_accumulation_fusion", "is not supported with gradient "
+             "accumulation fusion (set gradient_accumulation_fusion: false)"),
+            (args.ckpt_format not in ("torch_dist", "torch_dcp"), "ckpt_format", "requires ckpt_format torch_dist or torch_dcp"),
+            (not args.untie_embeddings_and_output_weights, "untie_embeddings_and_output_weights",
+             "requires untie_embeddings_and_output_weights: true"),
+            (args.fp16, "fp16", "is not supported with fp16 yet"),
+        ):
+            if broken:
+                raise _fail(m, f"use_torch_fsdp2 {message} (Megatron-LM)", key)
+    if args.use_megatron_fsdp and args.ckpt_format != "fsdp_dtensor":
+        raise _fail(m, "Megatron FSDP only supports the fsdp_dtensor checkpoint format (Megatron-LM); "
+                    "set ckpt_format: fsdp_dtensor", "ckpt_format")
+    if args.ckpt_format == "fsdp_dtensor" and not args.use_megatron_fsdp:
+        raise _fail(m, "fsdp_dtensor is only tested with Megatron FSDP (Megatron-LM); set use_megatron_fsdp: true "
+                    "or another ckpt_format", "ckpt_format")
 
 
 def _data_rules(args, m: str) -> None:

@@ -280,3 +280,83 @@ def test_patch_torch_norm_sequence_parallel():
               [getattr(p, "sequence_parallel", None) for p in plain.parameters()])
     """)
     assert "UNPATCHED-FAILS" in out and "PATCHED RMSNorm [True] [None]" in out
+
+
+def test_patch_torch_fsdp2_cpu_mesh():
+    """megatron-core's FSDP2 wrapper shards a megatron-core layer on a CPU mesh (upstream asks for "cuda")."""
+    out = run_check("""
+        import tempfile
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        from megatron.core.distributed import DistributedDataParallelConfig, TorchFullyShardedDataParallel
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        from primus.backends.megatron import cpu_patches
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+        parallel_state.initialize_model_parallel()
+        config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, use_cpu_initialization=True)
+        def wrap():
+            return TorchFullyShardedDataParallel(config, DistributedDataParallelConfig(), torch.nn.Linear(8, 8))
+        try:
+            wrap()
+            print("UNPATCHED-OK")
+        except (RuntimeError, AssertionError):
+            print("UNPATCHED-FAILS")
+        cpu_patches.patch_torch_fsdp2_cpu_mesh()
+        model = wrap()
+        print("PATCHED", model.device_mesh.device_type, type(model.module.weight).__name__)
+    """)
+    assert "UNPATCHED-FAILS" in out and "PATCHED cpu DTensor" in out
+
+
+def test_patch_fsdp2_finish_grad_sync_signature():
+    """finalize_model_grads calls finish_grad_sync(force_all_reduce=...) on every chunk, FSDP2's included."""
+    out = run_check("""
+        from megatron.core.distributed import TorchFullyShardedDataParallel
+        from primus.backends.megatron import fsdp_patches
+        chunk = TorchFullyShardedDataParallel.__new__(TorchFullyShardedDataParallel)
+        try:
+            chunk.finish_grad_sync(force_all_reduce=False)
+            print("UNPATCHED-OK")
+        except TypeError:
+            print("UNPATCHED-FAILS")
+        fsdp_patches.patch_fsdp2_finish_grad_sync_signature()
+        chunk.finish_grad_sync(force_all_reduce=False)
+        print("PATCHED")
+    """)
+    assert "UNPATCHED-FAILS" in out and "PATCHED" in out
+
+
+def test_patch_fsdp2_optimizer_param_identity():
+    """The optimizer's checkpoint finds an FSDP2 parameter by its local shard (torch >= 2.13's to_local
+    returns a fresh view of a Parameter(DTensor))."""
+    out = run_check("""
+        import tempfile
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        from megatron.core.dist_checkpointing.optimizer import get_optim_param_to_id_map
+        from primus.backends.megatron import fsdp_patches
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+        param = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), init_device_mesh("cpu", (1,)), [Shard(0)]))
+        found = lambda: id(param._local_tensor) in get_optim_param_to_id_map([param])
+        print("UNPATCHED", found())
+        fsdp_patches.patch_fsdp2_optimizer_param_identity()
+        print("PATCHED", found())
+    """)
+    assert "UNPATCHED False" in out and "PATCHED True" in out
+
+
+@pytest.mark.parametrize("tp, dp, slots", [
+    (1, 2, [[0, 1]]),                  # DP rank 0 holds W, rank 1 holds V
+    (1, 4, [[0, 1, 2, 3]]),            # two slices of W, then two of V
+    (2, 2, [[0, 2], [1, 3]]),          # [W_tp0, W_tp1, V_tp0, V_tp1]: the layout without FSDP
+])
+def test_fsdp2_swiglu_slot_is_the_layout_without_fsdp(tp, dp, slots):
+    """patch_fsdp2_swiglu_checkpoint_layout's arithmetic (its effect: test_fsdp.py's DDP-from-FSDP2 resume)."""
+    from primus.backends.megatron.fsdp_patches import fsdp2_swiglu_slot
+
+    rows = 704 * tp  # [W; V] of every TP rank
+    local = rows // tp // dp
+    assert [[fsdp2_swiglu_slot(rows, local, tp, t, dp, d) for d in range(dp)] for t in range(tp)] == slots
+    with pytest.raises(ValueError, match="wholly inside W or V"):
+        fsdp2_swiglu_slot(rows, rows // tp // 3, tp, 0, 3, 0)

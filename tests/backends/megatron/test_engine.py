@@ -1,63 +1,19 @@
 """Real megatron-core training on CPU over gloo: TP, PP (+interleaved), DP with the distributed
 optimizer, checkpoint/resume. Tiny Llama (the shared llama3_tiny preset) on the learnable corpus.
 
-Runs are module-scoped and reused across assertions to keep the wall time near a minute or two.
+Runs are module-scoped and reused across assertions to keep the wall time near a minute or two
+(``base`` and ``runs``: conftest.py).
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
-import yaml
 
-from tests.backends.megatron.conftest import REPO, run_megatron
+from tests.backends.megatron.conftest import losses
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.e2e
 
 STEPS = 12
-
-
-@pytest.fixture(scope="module")
-def base(tiny_assets, tiny_indexed):
-    model = yaml.safe_load((REPO / "primus/configs/models/common/llama3_tiny.yaml").read_text())["model"]
-    return {
-        "model": model, "seq_length": 64, "max_position_embeddings": 64,
-        "tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": str(tiny_assets["tokenizer"]),
-        "data_path": [str(tiny_indexed)], "split": "98,2,0",
-        "micro_batch_size": 4, "global_batch_size": 8, "train_iters": STEPS,
-        "lr": 3e-3, "min_lr": 3e-4, "lr_warmup_iters": 2, "lr_decay_style": "cosine",
-        "eval_interval": None, "log_interval": 1, "seed": 1234,
-    }
-
-
-@pytest.fixture(scope="module")
-def runs(base, tmp_path_factory):
-    """name -> metrics records; each run launched at most once per module."""
-    root = tmp_path_factory.mktemp("megatron_runs")
-    cache: dict[str, list[dict]] = {}
-
-    def get(name: str, nproc: int, resume_from: tuple[str, int] | None = None, **overrides):
-        if name not in cache:
-            run_dir = root / name
-            if resume_from is not None:
-                source, iteration = resume_from
-                get(source, nproc)  # make sure the source run exists
-                checkpoints = run_dir / "checkpoints"
-                checkpoints.mkdir(parents=True)
-                shutil.copytree(root / source / "checkpoints" / f"iter_{iteration:07d}",
-                                checkpoints / f"iter_{iteration:07d}")
-                (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(iteration))
-            cache[name] = run_megatron(run_dir, {**base, **overrides}, nproc=nproc, resume=resume_from is not None)
-            cache[name + ":dir"] = run_dir
-        return cache[name]
-
-    get.root = root
-    return get
-
-
-def losses(records):
-    return [r["loss"] for r in records]
 
 
 def assert_learns(records):

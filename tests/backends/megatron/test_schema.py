@@ -177,6 +177,15 @@ def test_split_data_arguments():
     ({"max_position_embeddings": 32}, "max_position_embeddings (32) must be at least seq_length (64)"),
     ({"save": "/x"}, "save_interval: save is set"),
     ({"lr_decay_style": "WSD"}, "lr_wsd_decay_iters: lr_decay_style: WSD needs lr_wsd_decay_iters"),
+    # Megatron-LM's FSDP asserts
+    ({"use_torch_fsdp2": True, "gradient_accumulation_fusion": False},
+     "untie_embeddings_and_output_weights: use_torch_fsdp2 requires untie_embeddings_and_output_weights: true"),
+    ({"use_torch_fsdp2": True, "untie_embeddings_and_output_weights": True},
+     "gradient_accumulation_fusion: use_torch_fsdp2 is not supported with gradient accumulation fusion"),
+    ({"use_torch_fsdp2": True, "untie_embeddings_and_output_weights": True, "gradient_accumulation_fusion": False,
+      "ckpt_format": "torch"}, "ckpt_format: use_torch_fsdp2 requires ckpt_format torch_dist or torch_dcp"),
+    ({"use_megatron_fsdp": True}, "ckpt_format: Megatron FSDP only supports the fsdp_dtensor checkpoint format"),
+    ({"ckpt_format": "fsdp_dtensor"}, "ckpt_format: fsdp_dtensor is only tested with Megatron FSDP"),
 ])
 def test_megatron_lm_assertions_are_one_line(overrides, expected):
     assert expected in error_of(**overrides)
@@ -230,6 +239,26 @@ def test_unsupported_value_of_an_implemented_argument_is_refused_at_run_time():
     args = parse_args(params(optimizer="muon"))
     with pytest.raises(ConfigError, match="modules.pre_trainer.optimizer: 'muon' cannot be run here"):
         support.run_time_notes(args, args.given)
+
+
+def test_legacy_checkpoint_format_is_admitted_with_or_without_save_and_load():
+    """AMD's files set ckpt_format: torch with save/load null: nothing is refused, whatever the paths."""
+    for paths in ({"save": None, "load": None}, {"save": "/ckpt", "save_interval": 10, "load": "/ckpt"}):
+        args = parse_args(params(ckpt_format="torch", **paths))
+        assert support.run_time_notes(args, args.given) == []
+
+
+def test_megatron_fsdp_is_refused_on_a_cpu_and_admitted_on_a_gpu():
+    args = parse_args(params(use_megatron_fsdp=True, ckpt_format="fsdp_dtensor",
+                             data_parallel_sharding_strategy="optim_grads_params"))
+    with pytest.raises(ConfigError) as exc:
+        support.run_time_notes(args, args.given, on_gpu=False)
+    assert str(exc.value).startswith("modules.pre_trainer.use_megatron_fsdp: True cannot be run on a CPU "
+                                     "(Megatron-FSDP (megatron-core 0.16's megatron_fsdp) gathers parameters")
+    assert support.run_time_notes(args, args.given, on_gpu=True) == []
+    fsdp2 = parse_args(params(use_torch_fsdp2=True, untie_embeddings_and_output_weights=True,
+                              gradient_accumulation_fusion=False, torch_fsdp2_reshard_after_forward=False))
+    assert support.run_time_notes(fsdp2, fsdp2.given, on_gpu=False) == []
 
 
 def test_kernel_only_arguments_are_said_never_silent():
