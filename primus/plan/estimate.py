@@ -41,7 +41,8 @@ N = the rank's parameters, split as the engine splits them (``primus.plan.tensor
       grads     = sum ceil(rows / S) x rest x B(mixed_precision_reduce), plus the output head's again on
                   the last stage under pipeline parallelism (its chunked loss reduces the head alone first)
       optimizer = sum owned_rows x rest x 2 x 4     (rank 0 owns ceil(rows / S) of each)
-  generic (no engine): N x bytes, divided by D where sharded (ZeRO-1 the optimizer, FSDP all three).
+  generic (no engine; Megatron with FSDP, not yet measured): N x bytes, divided by D where sharded (ZeRO-1
+    the optimizer, FSDP all three).
 
   activations: what the forward passes keep for the backward pass, per layer per micro-batch; T = tokens
   (seq_len / cp x micro_batch_size), T_n = T / tp under sequence parallelism, h = dim, a, g = heads and

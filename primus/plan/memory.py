@@ -175,8 +175,15 @@ def rank_state(model: ModelSpec, layout: ParallelLayout, pp_rank: int = 0, shard
     """Weights, gradients and optimizer state of one rank (its pipeline rank and its index in the
     sharding groups; None = the heaviest index)."""
     chunks = [chunk_tensors(model, layout, pp_rank, c) for c in range(len(layout.chunk_placement(model.n_layers)[0]))]
-    if layout.memory_model in ("megatron", "megatron-te"):
-        return megatron_state(chunks, layout, shard_rank, expert_rank, first_pp_rank=pp_rank == 0)
+    return state_of(chunks, layout, shard_rank, expert_rank, first_pp_rank=pp_rank == 0)
+
+
+def state_of(chunks: list[list[Tensor]], layout: ParallelLayout, shard_rank: int | None = 0,
+             expert_rank: int | None = 0, first_pp_rank: bool = True) -> RankState:
+    """The engine's layout of these parameter tensors. Megatron with FSDP (torch FSDP2 or Megatron-FSDP):
+    the textbook formulas, not yet measured."""
+    if layout.memory_model in ("megatron", "megatron-te") and layout.sharding != "fsdp":
+        return megatron_state(chunks, layout, shard_rank, expert_rank, first_pp_rank)
     if layout.memory_model == "torchtitan":
         return fsdp2_state(chunks, layout, shard_rank or 0)  # rank 0 owns the most rows
     return generic_state(chunks, layout)

@@ -11,7 +11,7 @@ from typing import Any
 
 from primus.config.errors import ConfigError
 from primus.plan.layout import ParallelLayout
-from primus.plan.memory import RankState, megatron_state
+from primus.plan.memory import RankState, state_of
 from primus.plan.tensors import Tensor
 
 ENGINE_ERRORS = (AssertionError, ValueError, RuntimeError, TypeError, ZeroDivisionError)
@@ -65,4 +65,4 @@ def rank_state(args: Any, layout: ParallelLayout, rank: int, world: int) -> Rank
     buffers and (distributed) optimizer laid out over them (the heaviest shard of the stage)."""
     chunks = rank_tensors(args, rank, world)
     first_stage = rank // (world // layout.pp) == 0
-    return megatron_state(chunks, layout, None, None, first_pp_rank=first_stage)
+    return state_of(chunks, layout, None, None, first_pp_rank=first_stage)
