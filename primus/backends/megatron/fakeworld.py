@@ -26,8 +26,7 @@ def rank_tensors(args: Any, rank: int, world: int) -> list[list[Tensor]]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from primus.backends.megatron.cpu_patches import apply_cpu_patches, apply_upstream_fixes
-    from primus.backends.megatron.model import Derived, build_model, padded_vocab_size, transformer_config
-    from primus.backends.megatron.validate_args import virtual_pipeline_size
+    from primus.backends.megatron.model import Derived, build_model, padded_vocab_size, parallel_sizes, transformer_config
 
     apply_cpu_patches()  # as the trainer: megatron-core on a host without CUDA, and its upstream fixes
     apply_upstream_fixes()
@@ -35,15 +34,8 @@ def rank_tensors(args: Any, rank: int, world: int) -> list[list[Tensor]]:
         raise ConfigError("a fake-world build needs a process without a process group")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=args.tensor_model_parallel_size,
-            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=virtual_pipeline_size(args),
-            context_parallel_size=args.context_parallel_size,
-            expert_model_parallel_size=args.expert_model_parallel_size,
-            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
-            create_gloo_process_groups=False,
-        )
+        parallel_state.initialize_model_parallel(**parallel_sizes(args), context_parallel_size=args.context_parallel_size,
+                                                 create_gloo_process_groups=False)  # fake backend: no gloo
         config = transformer_config(args, on_gpu=False, derived=Derived(), use_te=False)
         config.perform_initialization = False
         vocab = padded_vocab_size(args.vocab_size, args)
