@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -136,15 +137,25 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
         text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device, **data}, indent=2)
     else:
         text = _assumptions(world, source, args.device) + "\n" + text
-    if args.build and code == 0 or args.build and code == 1 and "fail:" not in text:
-        built, build_code = _fake_world(args, overrides, world)
-        text, code = text + "\n" + built, max(code, build_code)
+    if args.build and (code == 0 or "fail:" not in text):  # a layout the plan already refuses is not built
+        text, code = _with_fake_world(args, overrides, world, text, code)
     print(text, file=sys.stdout)
     return code
 
 
-def _fake_world(args: argparse.Namespace, overrides: list[str], world: int) -> tuple[str, int]:
-    """``--build``: the engine's own model per pipeline stage (primus.launch.memory_check.fake_world)."""
+def _with_fake_world(args: argparse.Namespace, overrides: list[str], world: int, text: str,
+                     code: int) -> tuple[str, int]:
+    built, build_code = _fake_world(args, overrides, world)
+    if args.json:
+        data = json.loads(text)
+        data["fake_world"] = built
+        return json.dumps(data, indent=2), max(code, build_code)
+    return text + "\n" + built, max(code, build_code)
+
+
+def _fake_world(args: argparse.Namespace, overrides: list[str], world: int) -> tuple[Any, int]:
+    """``--build``: the engine's own model per pipeline stage (primus.launch.memory_check.fake_world): its
+    table (or, with --json, its rows), or the engine's refusal as a ``fail:`` line."""
     from primus.config.errors import ConfigError
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
@@ -154,6 +165,6 @@ def _fake_world(args: argparse.Namespace, overrides: list[str], world: int) -> t
     resolved = resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
     _, engine_plan = plan_module(resolved, select_module(resolved, args.module), world)
     try:
-        return fake_world(engine_plan, world), 0
+        return fake_world(engine_plan, world, as_rows=args.json), 0
     except ConfigError as refused:  # the engine rejects the layout at this scale: the layout is wrong
-        return f"fail: {refused}", 1
+        return ({"fail": str(refused)} if args.json else f"fail: {refused}"), 1

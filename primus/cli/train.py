@@ -140,6 +140,12 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     if not config.wraps_container:  # fail before queueing: the engine must accept every key
         nproc = config.nproc_per_node or config.slurm.gpus_per_node or 1
         plan_module(resolved, module, nproc * (config.nnodes or 1))
+        if args.device and not args.force:  # and the heaviest rank must fit the device it is queued for
+            from primus.launch.job import describe_module
+            from primus.launch.memory_check import refuse_if_too_big
+
+            refuse_if_too_big(*describe_module(resolved, module, nproc * (config.nnodes or 1), device="cuda"),
+                              args.device)
     if not args.dry_run:
         run_dir.decide_resume(args.resume)  # refuse a completed run now, not after the queue wait
     if executor == "srun":

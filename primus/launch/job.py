@@ -156,11 +156,12 @@ def _memory_admission(resolved: ResolvedExperiment, module: ResolvedModule, worl
 
     if force:
         return None
+    model, layout = engine_plan.model, engine_plan.layout
     if device is None:
         device = host_gpu()
     elif host_device() != "cuda":
-        engine_plan = plan_module(resolved, module, world, require_engine=False, device="cuda")[1]
-    return refuse_if_too_big(engine_plan, device) if device else None
+        model, layout = describe_module(resolved, module, world, device="cuda")
+    return refuse_if_too_big(model, layout, device) if device else None
 
 
 def _print_dry_run(job: Job) -> None:

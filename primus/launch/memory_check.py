@@ -40,17 +40,17 @@ def device_budget(device: str, thresholds: str | None = None) -> tuple[int, floa
     return device_memory_bytes(device), load_thresholds(thresholds)["memory"]["usable_fraction"]
 
 
-def refuse_if_too_big(plan: EnginePlan, device: str, thresholds: str | None = None) -> str | None:
+def refuse_if_too_big(model, layout, device: str, thresholds: str | None = None) -> str | None:
     """The heaviest rank does not fit ``device``: a ConfigError; it fits: one line saying by how much;
     no LLM plan (a diffusion model, a model without a known vocabulary): None."""
     from primus.plan.estimate import estimate_memory
     from primus.plan.layout import ParallelLayout
     from primus.plan.model import ModelSpec
 
-    if not isinstance(plan.model, ModelSpec) or not isinstance(plan.layout, ParallelLayout):
+    if not isinstance(model, ModelSpec) or not isinstance(layout, ParallelLayout):
         return None
     memory, usable = device_budget(device, thresholds)
-    need = estimate_memory(plan.model, plan.layout)
+    need = estimate_memory(model, layout)
     budget = memory * usable
     parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in need.components().items() if name != "total")
     where = f"rank {need.rank} (pipeline stage {need.pp_rank})"
@@ -61,8 +61,11 @@ def refuse_if_too_big(plan: EnginePlan, device: str, thresholds: str | None = No
     return f"memory: {where} needs {need.total / GIB:.1f} GiB of {budget / GIB:.1f} GiB usable on {device}"
 
 
-def fake_world(plan: EnginePlan, world: int) -> str:
-    """Build each pipeline stage's first rank with the engine, on the meta device, for ``world`` ranks."""
+def fake_world(plan: EnginePlan, world: int, as_rows: bool = False):
+    """Build each pipeline stage's first rank with the engine, on the meta device, for ``world`` ranks: the
+    table ``plan --build`` prints, or (``as_rows``) one dict per stage."""
+    from dataclasses import asdict
+
     from primus.plan.fakeworld import check_world, format_checks
 
     framework = plan.module.framework
@@ -73,4 +76,6 @@ def fake_world(plan: EnginePlan, world: int) -> str:
     build = importlib.import_module(f"primus.backends.{framework}.fakeworld").rank_state
     start = time.perf_counter()
     checks = check_world(build, plan.engine_config, plan.model, plan.layout, world)
+    if as_rows:
+        return [{**asdict(check), "total": check.total, "agrees": check.agrees} for check in checks]
     return format_checks(checks, FAKE_WORLD_ENGINES[framework], world, time.perf_counter() - start)

@@ -66,3 +66,15 @@ def test_train_dry_run_builds_the_fake_world_too(tmp_path):
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "command:" in out.stdout and len(_stage_rows(out.stdout)) == 2 and "plan differs" not in out.stdout
+
+
+def test_plan_build_json_carries_the_built_rows(tmp_path):
+    pytest.importorskip("megatron.core")
+    import json
+
+    out = _plan(tmp_path, ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", "--nproc-per-node", "4",
+                "pipeline_model_parallel_size=2", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)["fake_world"]
+    assert [(row["pp_rank"], row["rank"]) for row in rows] == [(0, 0), (1, 2)]
+    assert all(row["agrees"] and row["built"] == row["planned"] and row["built"]["weights"] > 0 for row in rows)
