@@ -149,7 +149,9 @@ def md_table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def metrics_jsonl(run_dir: Path) -> list[dict[str, Any]]:
+    """The step rows of a run's metrics.jsonl (event rows left out)."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for row in rows if "event" not in row]

@@ -4,8 +4,8 @@
     .venv/bin/python -m benchmarks.run --quick         # a few minutes
     .venv/bin/python -m benchmarks.run --only overhead,cli
 
-Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, precision, compile, plan_memory. Not part of the
-test suite's pass/fail:
+Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, precision, compile, instruments, plan_memory. Not
+part of the test suite's pass/fail:
 targets are reported (met / not met), never asserted.
 """
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
-from benchmarks import (backends, checkpoint_steady, cli_latency, common, knobs, overhead, plan_memory, precision,
-                        roofline, torch_compile)
+from benchmarks import (backends, checkpoint_steady, cli_latency, common, instruments, knobs, overhead, plan_memory,
+                        precision, roofline, torch_compile)
 
-ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint", "precision", "compile", "plan_memory")
+ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint", "precision", "compile", "instruments",
+         "plan_memory")
 PRESET = common.CONFIGS / "presets" / "llama_25m.yaml"
 
 
@@ -72,10 +73,11 @@ def summary_markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
               "backends": "Backend comparison (25M Llama preset)", "knobs": "Operating points",
               "checkpoint": "Steady step time after the first checkpoint / checkpoints off",
               "precision": "bf16 vs fp32 on CPU", "compile": "torch.compile on CPU",
+              "instruments": "Per-rank instruments on vs off (straggler report, watchdog, flight recorder)",
               "plan_memory": "Plan vs measured memory per rank; the fake-world build"}
     modules = {"cli": cli_latency, "overhead": overhead, "roofline": roofline, "backends": backends, "knobs": knobs,
                "checkpoint": checkpoint_steady, "precision": precision, "compile": torch_compile,
-               "plan_memory": plan_memory}
+               "instruments": instruments, "plan_memory": plan_memory}
     for name in ORDER:
         if name in results:
             parts.append(f"## {titles[name]}\n\n{modules[name].markdown(results[name])}")
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = precision.run(args.quick)
         elif name == "compile":
             results[name] = torch_compile.run(args.quick)
+        elif name == "instruments":
+            results[name] = instruments.run(args.quick)
         elif name == "plan_memory":
             results[name] = plan_memory.run(args.quick)
         results[name]["elapsed_s"] = time.perf_counter() - t

@@ -13,6 +13,9 @@ import os
 import sys
 from typing import Any
 
+from primus.config.errors import ConfigError
+from primus.config.values import count_flag, env_count, non_empty_flag
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser(
@@ -21,12 +24,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "per rank by component, and whether it fits --device. Exit 0 fits, 1 does not fit or "
                     "the layout is wrong, 2 user error.")
     plan.add_argument("exp", help="experiment YAML")
-    plan.add_argument("--device", help="device to fit: " + ", ".join(_device_names()))
-    plan.add_argument("--nproc-per-node", type=int, help="processes per node (env GPUS_PER_NODE, default 1)")
-    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=int, help="nodes (env NNODES, default 1)")
+    plan.add_argument("--device", type=non_empty_flag, help="device to fit: " + ", ".join(_device_names()))
+    plan.add_argument("--nproc-per-node", type=count_flag(1), help="processes per node (env GPUS_PER_NODE, default 1)")
+    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1),
+                      help="nodes (env NNODES, default 1)")
     plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
     plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     plan.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    plan.add_argument("--project", action="store_true",
+                      help="project step time, tokens/s/GPU and MFU on --device, with the breakdown")
+    plan.add_argument("--search", action="store_true",
+                      help="rank legal layouts on --nodes x --gpus-per-node --device by projected tokens/s/GPU")
+    plan.add_argument("--gpus-per-node", type=int, help="devices per node for --search (default --nproc-per-node, 8)")
+    plan.add_argument("--top", type=int, default=10, help="layouts --search shows (default 10)")
+    plan.add_argument("--measure", type=int, nargs="?", const=3, default=0, metavar="K",
+                      help="--search: run the top K (default 3) for a few steps here and re-rank by measurement")
+    plan.add_argument("--measure-steps", type=int, default=6, help="steps per measured layout (default 6)")
     plan.add_argument("--build", action="store_true",
                       help="also build each pipeline stage's real model with the engine, on the meta device with a "
                            "fake process group for the whole world: the engine's own layout errors and per-rank "
@@ -37,44 +50,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _device_names() -> list[str]:
     from primus.plan.devices import DEVICE_MEMORY_GIB  # not estimate: --help must not import pydantic
 
-    return sorted(DEVICE_MEMORY_GIB)
-
-
-# More nodes than any cluster has (the largest, ~200k GPUs, are ~25k nodes); a count beyond is a typo.
-MAX_NODES = 100_000
-MAX_PROCS_PER_NODE = 1024
-
-
-def _count(value, what: str, limit: int) -> int:
-    """A process or node count from a flag or a variable: a whole number in 1..limit, else one error line."""
-    from primus.config.errors import ConfigError
-
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"{what}: '{value}' is not a whole number") from None
-    if not 1 <= number <= limit:
-        raise ConfigError(f"{what}: {number} is impossible (expected 1 to {limit:,})")
-    return number
+    return sorted(DEVICE_MEMORY_GIB) + ["local (--project/--search: measured by primus preflight)"]
 
 
 def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ) -> tuple[int | None, str]:
-    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says."""
+    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says.
+    A count below 1 or not a number, from a flag or a variable, is a user error naming it."""
     parts, sources = [], []
-    for flag, value, var, limit in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE", MAX_PROCS_PER_NODE),
-                                    ("-N", nnodes, "NNODES", MAX_NODES)):
+    for flag, value, var in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE"), ("-N", nnodes, "NNODES")):
+        from_env = env_count(var, env) if value is None else None
         if value is not None:
-            parts.append(_count(value, flag, limit))
+            parts.append(value)
             sources.append(f"{flag} {value}")
-        elif env.get(var):
-            parts.append(_count(env[var], f"${var}", limit))
-            sources.append(f"${var}={env[var]}")
+        elif from_env is not None:
+            parts.append(from_env)
+            sources.append(f"${var}={from_env}")
         else:
             parts.append(1)
+    from primus.plan.search import MAX_NODES
+
+    if parts[1] > MAX_NODES:
+        raise ConfigError(f"{sources[-1]}: more than {MAX_NODES:,} nodes is not a cluster to plan for")
     if not sources:
-        if env.get("WORLD_SIZE"):
-            world = _count(env["WORLD_SIZE"], "$WORLD_SIZE", MAX_NODES * MAX_PROCS_PER_NODE)
-            return world, f"$WORLD_SIZE={env['WORLD_SIZE']}"
+        world = env_count("WORLD_SIZE", env)
+        if world is not None:
+            return world, f"$WORLD_SIZE={world}"
         return None, "not given (--nproc-per-node, -N): the smallest world the experiment's layout runs on"
     return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"
 
@@ -106,7 +106,6 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
         return ("\n".join(lines) if not as_json else json.dumps({"problems": [p.to_dict() for p in problems]}, indent=2)), 1
     plan = make(model, layout, device, usable_fraction=usable)
     if device and not isinstance(model, WanSpec):  # asked whether it fits: fitting no device is bad input
-        from primus.config.errors import ConfigError
         from primus.plan.estimate import fits_nowhere
 
         if (reason := fits_nowhere(plan.memory, usable)) is not None:
@@ -120,7 +119,23 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
     return text, code
 
 
+def plan_report(model, layout, device: str | None, args: argparse.Namespace, given: int | None,
+                source: str) -> tuple[str, int]:
+    """What ``primus plan`` prints (the assumptions line, then the table; or the JSON) and its exit status;
+    ``--project`` prints the same before its projection."""
+    world = given or layout.world_size
+    text, code = run_plan(model, layout, device, args.thresholds, args.json, world_size=given)
+    if args.json:
+        data = json.loads(text)
+        return json.dumps({"world_size": world, "world_size_source": source, "device": device, **data}, indent=2), code
+    return _assumptions(world, source, device) + "\n" + text, code
+
+
 def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.project or args.search:
+        from primus.cli.plan_project import run
+
+        return run(args, overrides)
     from primus.preflight.cli import load_experiment
 
     if args.device:
@@ -131,12 +146,7 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
     # a named device is a GPU: its kernels (Transformer Engine, fused norms) set what the layers keep
     model, layout = load_experiment(args.exp, overrides, args.module, given, "cuda" if args.device else None)
     world = given or layout.world_size
-    text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given)
-    if args.json:
-        data = json.loads(text)
-        text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device, **data}, indent=2)
-    else:
-        text = _assumptions(world, source, args.device) + "\n" + text
+    text, code = plan_report(model, layout, args.device, args, given, source)
     if args.build and (code == 0 or "fail:" not in text):  # a layout the plan already refuses is not built
         text, code = _with_fake_world(args, overrides, world, text, code)
     print(text, file=sys.stdout)
@@ -156,7 +166,6 @@ def _with_fake_world(args: argparse.Namespace, overrides: list[str], world: int,
 def _fake_world(args: argparse.Namespace, overrides: list[str], world: int) -> tuple[Any, int]:
     """``--build``: the engine's own model per pipeline stage (primus.launch.memory_check.fake_world): its
     table (or, with --json, its rows), or the engine's refusal as a ``fail:`` line."""
-    from primus.config.errors import ConfigError
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
     from primus.launch.memory_check import fake_world

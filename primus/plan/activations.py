@@ -32,7 +32,7 @@ def _shapes(layout: ParallelLayout) -> Shapes:
     split = t > 1 and layout.sequence_parallel
     norm = tokens // t if split else tokens
     return Shapes(tokens, norm, tokens if titan else norm, b, s, t,
-                  DTYPE_BYTES[layout.activation_dtype or layout.param_dtype])
+                  DTYPE_BYTES[layout.compute_dtype])
 
 
 def _fused_norms(layout: ParallelLayout) -> bool:

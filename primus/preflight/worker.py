@@ -121,8 +121,25 @@ def _leader(store, identity, device, opts, thresholds) -> int:
     if late:
         findings.append(fail("connectivity", f"no results within {opts.timeout:.0f} s from "
                              f"{describe_ranks(late, hosts)} (stalled in a test?)", late))
+    elif "gemm" in opts.enabled_tests:
+        findings.append(_record_profile(device, results, identity["local_world_size"], opts.quick))
     report = build_report(opts, thresholds, ctx, joined, results, findings, device)
     return _finish(report, opts)
+
+
+def _record_profile(device: str, results: dict[int, Any], local_world: int, quick: bool) -> Finding:
+    """Write this host's measured profile for ``primus plan --device local`` (every rank is done)."""
+    from primus.preflight.findings import warn
+    from primus.preflight.perf.profile import record
+
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+        path = record(device, name, results, local_world, quick=quick)
+    except Exception as exc:  # noqa: BLE001 - a profile that cannot be written costs the report nothing
+        return warn("performance", f"device profile not written: {type(exc).__name__}: {exc}")
+    return info("performance", f"device profile for `primus plan --device local`: {path}")
 
 
 def _follower(store, identity, device, opts) -> int:

@@ -8,7 +8,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from primus.config.secrets import shown_value
 from primus.runtime.faults import maybe_inject
+from primus.runtime.instruments import Instruments
+from primus.runtime.phases import PhaseClock
 from primus.runtime.preemption import StopSignal
 from primus.runtime.metrics import MetricsReporter, StepMetrics, StepReport
 
@@ -64,7 +67,8 @@ class RunContext:
     stop: StopSignal = field(default_factory=StopSignal)
     stop_on_non_finite_loss: bool = True  # a backend turns it off when the user asked to continue
     save_last_checkpoint: bool = True  # primus.save_last_checkpoint (AMD Primus: disable_last_saving)
-
+    # the rank's phase clock, straggler report and watchdog (primus.runtime.instruments)
+    instruments: Instruments = field(default_factory=lambda: Instruments(PhaseClock(), None, None, 0))
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -81,11 +85,19 @@ class RunContext:
     def report_step(self, report: StepReport) -> StepMetrics:
         """Record one optimizer step; raises ``NonFiniteLoss`` (on every rank: the loss is global)
         before the engine can checkpoint a NaN state."""
+        events = self.instruments.after_step(report.step, report.step_time_s)  # every rank: may gather
         metrics = self.reporter.report(report)
+        for event in events:
+            self.reporter.event(event)
         maybe_inject(self.rank, report.step)
         if self.stop_on_non_finite_loss and not math.isfinite(metrics.loss):
             raise NonFiniteLoss(report.step, metrics.loss)
         return metrics
+
+    def phase(self, name: str):
+        """``with ctx.phase("compute"):`` — where this rank's step time goes (``primus.runtime.phases``:
+        data, compute, optimizer, checkpoint, eval; communication is timed by Primus itself)."""
+        return self.instruments.clock.phase(name)
 
     def should_stop(self) -> bool:
         """Call at each step boundary: True (on all ranks) once SIGTERM asked for a graceful stop."""
@@ -93,4 +105,4 @@ class RunContext:
 
     def log_derived(self, key: str, value: object, reason: str) -> None:
         """Settings the backend chose for the user are said once, never silently."""
-        self.logger.info("derived %s=%s (%s)", key, value, reason)
+        self.logger.info("derived %s=%s (%s)", key, shown_value(key, value), reason)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import resource
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,14 +53,21 @@ class StepMetrics:
     lr: float | None = None
     grad_norm: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    time: float | None = None  # when the step ended (Unix time): places it in the run's wall time (goodput)
 
     def scalars(self) -> dict[str, float]:
-        """Every number of the record but the step, flat (``extra`` keys included), for trackers:
-        the same names as metrics.jsonl; fields without a value (None) are left out, not zeroed."""
+        """Every number of the record but the step and its time, flat (``extra`` keys included), for
+        trackers: the same names as metrics.jsonl; fields without a value (None) are left out, not zeroed."""
         out = {key: float(value) for key, value in vars(self).items()
-               if key not in ("step", "extra") and value is not None}
+               if key not in ("step", "extra", "time") and value is not None}
         out.update({key: float(value) for key, value in self.extra.items() if _is_number(value)})
         return out
+
+
+def is_step_row(row: dict[str, Any]) -> bool:
+    """metrics.jsonl holds one row per step and event rows (``{"event": kind, ...}``: a straggler
+    report, a hang, a worker's end, the goodput), which carry no loss."""
+    return "event" not in row
 
 
 def _is_number(value: Any) -> bool:
@@ -92,6 +100,7 @@ def derive(report: StepReport, *, world_size: int, device: str, peak_tflops: flo
         lr=report.lr,
         grad_norm=report.grad_norm,
         extra=dict(report.extra),
+        time=time.time(),
     )
 
 
@@ -133,17 +142,24 @@ class MetricsReporter:
 
         self.rank, self.world_size, self.device, self.peak = rank, world_size, device, peak_tflops
         self.averages = averages  # AMD Primus's log_avg_*: tumbling averages in each record's extra
+        self.step_times: list[float] = []  # every step's time, for the end-of-run projection check
         self.sinks: list[MetricSink] = []
         if rank == 0:
             self.sinks = [*standard_sinks(run_dir, enable_tensorboard=enable_tensorboard), *extra_sinks]
 
     def report(self, report: StepReport) -> StepMetrics:
         metrics = derive(report, world_size=self.world_size, device=self.device, peak_tflops=self.peak)
+        self.step_times.append(metrics.step_time)
         if self.averages is not None:
             metrics.extra.update(self.averages.update(metrics))
         for sink in self.sinks:
             sink.write(metrics)
         return metrics
+
+    def event(self, record: dict[str, Any]) -> None:
+        """Something that is not a step (``{"event": kind, ...}``), to metrics.jsonl on the reporting rank."""
+        for sink in self.sinks:
+            sink.event(record)
 
     def close(self, status: str = "completed") -> None:
         """``status``: how the run ended (completed, failed, preempted), for trackers that record it."""

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e]
 MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-sft.yaml"
@@ -19,7 +20,7 @@ TORCHTITAN = ROOT / "examples" / "torchtitan" / "llama3_tiny-sft.yaml"
 
 
 def _losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in read_metrics(run_dir)]
 
 
 def _assert_same_tensors(exported, source):

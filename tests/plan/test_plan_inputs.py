@@ -43,13 +43,13 @@ def test_a_megatron_plan_needs_no_data_but_a_run_does(tmp_path):
 
 
 @pytest.mark.parametrize("args, env, needle", [
-    (["--nproc-per-node", "0"], {}, "--nproc-per-node: 0 is impossible (expected 1 to 1,024)"),
-    (["--nproc-per-node", "-8"], {}, "--nproc-per-node: -8 is impossible"),
-    (["-N", "0"], {}, "-N: 0 is impossible (expected 1 to 100,000)"),
-    (["-N", "-2"], {}, "-N: -2 is impossible"),
-    (["-N", "1000000", "--nproc-per-node", "8"], {}, "-N: 1000000 is impossible"),
-    ([], {"GPUS_PER_NODE": "eight"}, "$GPUS_PER_NODE: 'eight' is not a whole number"),
-    ([], {"NNODES": "0"}, "$NNODES: 0 is impossible"),
+    (["--nproc-per-node", "0"], {}, "argument --nproc-per-node: must be ≥ 1 (got '0')"),
+    (["--nproc-per-node", "-8"], {}, "argument --nproc-per-node: must be ≥ 1 (got '-8')"),
+    (["-N", "0"], {}, "argument -N/--nnodes/--nodes: must be ≥ 1 (got '0')"),
+    (["-N", "-2"], {}, "must be ≥ 1 (got '-2')"),
+    (["-N", "1000000", "--nproc-per-node", "8"], {}, "-N 1000000: more than 100,000 nodes is not a cluster to plan"),
+    ([], {"GPUS_PER_NODE": "eight"}, "$GPUS_PER_NODE='eight': expected a whole number ≥ 1"),
+    ([], {"NNODES": "0"}, "$NNODES=0: must be ≥ 1"),
     (["--device", "mi3000x"], {}, "unknown device 'mi3000x' (did you mean 'mi300x'?)"),
 ])
 def test_bad_world_and_device_are_one_line(tmp_path, args, env, needle):

@@ -34,7 +34,7 @@ def rank_tensors(args: Any, rank: int, world: int) -> list[list[Tensor]]:
         raise ConfigError("a fake-world build needs a process without a process group")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        parallel_state.initialize_model_parallel(**parallel_sizes(args), context_parallel_size=args.context_parallel_size,
+        parallel_state.initialize_model_parallel(**parallel_sizes(args),
                                                  create_gloo_process_groups=False)  # fake backend: no gloo
         config = transformer_config(args, on_gpu=False, derived=Derived(), use_te=False)
         config.perform_initialization = False

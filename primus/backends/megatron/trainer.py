@@ -31,8 +31,10 @@ from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.support import run_time_notes
 from primus.backends.megatron.validate_args import check_parallel_layout
 from primus.config.errors import ConfigError
+from primus.plan.target import Target, host_target
 from primus.runtime.context import NonFiniteLoss
 from primus.runtime.metrics import StepReport
+from primus.runtime.phases import timed_iterator
 
 # megatron-core's DDP grad check (check_for_nan_in_grad) fails with these words in a RuntimeError.
 _NON_FINITE_GRAD = ("found NaN in local grad norm", "found Inf in local grad norm")
@@ -68,7 +70,9 @@ def _loss_func(loss_mask, output_tensor):
 
 
 def _forward_step(data_iterator, model):
-    batch = next(data_iterator)
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    batch = get_batch_on_this_cp_rank(next(data_iterator))  # this rank's sequence chunks (context parallel)
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"],
                    loss_mask=batch["loss_mask"])  # the MTP heads mask as the main loss does
     return output, partial(_loss_func, batch["loss_mask"])
@@ -126,8 +130,7 @@ class MegatronTrainer:
                 self.ctx.logger.warning("%s=%s (%s)", key, value, reason)
             else:
                 self.ctx.log_derived(key, value, reason)
-        for key, value, reason in run_time_notes(self.args, self.args.given, self.module,
-                                                 on_gpu=self.ctx.device.startswith("cuda")):
+        for key, value, reason in run_time_notes(self.args, self.args.given, self.module, target=self.target):
             self.ctx.log_derived(key, value, reason)
 
     def setup(self) -> None:
@@ -137,6 +140,7 @@ class MegatronTrainer:
 
         args, ctx = self.args, self.ctx
         on_gpu = ctx.device.startswith("cuda")
+        self.target = host_target() if on_gpu else Target("cpu")
         self._say_notes()
         from primus.backends.megatron.cpu_patches import apply_upstream_fixes
 
@@ -153,7 +157,7 @@ class MegatronTrainer:
         self.num_microbatches = derived.set(
             "gradient_accumulation_steps", self.gbs // (args.micro_batch_size * self.dp),
             "global_batch_size / (micro_batch_size x data-parallel size)")
-        derived.set("data_parallel_size", self.dp, "world size / (tensor x pipeline parallel)")
+        derived.set("data_parallel_size", self.dp, "world size / (tensor x pipeline x context parallel)")
 
         parallel_state.initialize_model_parallel(**parallel_sizes(args))
         # Schedules read the micro-batch count from this global calculator.
@@ -174,8 +178,8 @@ class MegatronTrainer:
         if self.vocab != vocab:
             derived.set("padded_vocab_size", self.vocab,
                         f"{vocab} rounded up to a multiple of make_vocab_size_divisible_by x TP")
-        use_te = use_transformer_engine(args, on_gpu, derived)
-        if use_te and self.lora is not None:
+        use_te = use_transformer_engine(args, self.target, derived)
+        if use_te and self.lora is not None:  # (with FP8 / context parallel: refused by the adapter's plan)
             use_te = False
             derived.set("transformer_impl", "local", "LoRA wraps megatron-core's Column/RowParallelLinear "
                         "(Transformer Engine fuses the layer norm into linear_qkv / linear_fc1)")
@@ -252,9 +256,9 @@ class MegatronTrainer:
             config.param_sync_func = sync[0] if len(sync) == 1 else sync
 
     def _batches(self, dataset, consumed: int):
-        return iter(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
-                                  micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.dp,
-                                  device=self.device))
+        return timed_iterator(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
+                                            micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank,
+                                            dp_size=self.dp, device=self.device), self.ctx.phase("data"))
 
     def _data_iterator(self, dataset, consumed: int):
         # Interleaved schedules take one iterator per model chunk; each chunk sees the same batches.
@@ -287,18 +291,24 @@ class MegatronTrainer:
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
         try:
-            losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+            with self.ctx.phase("compute"):
+                losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
         except RuntimeError as exc:  # megatron-core DDP's check_for_nan_in_grad, before any update
             if any(words in str(exc) for words in _NON_FINITE_GRAD):
                 raise NonFiniteLoss(self.iteration + 1, float("nan")) from None
             raise
-        update_ok, grad_norm, _ = self.optimizer.step()
-        if update_ok:
-            self.scheduler.step(increment=self.gbs)
+        with self.ctx.phase("optimizer"):
+            update_ok, grad_norm, _ = self.optimizer.step()
+            if update_ok:
+                self.scheduler.step(increment=self.gbs)
         extra = aux_loss_metrics(self.config, self.num_microbatches)
         return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr, extra
 
     def evaluate(self) -> float:
+        with self.ctx.phase("eval"):
+            return self._evaluate()
+
+    def _evaluate(self) -> float:
         import torch
 
         for chunk in self.model:
@@ -312,8 +322,9 @@ class MegatronTrainer:
         return _global_loss(losses, self.device)
 
     def save(self) -> None:
-        path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
-                                    iteration=self.iteration, consumed_samples=self.consumed)
+        with self.ctx.phase("checkpoint"):
+            path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
+                                        iteration=self.iteration, consumed_samples=self.consumed)
         self.ctx.logger.info("saved checkpoint %s", path)
 
     def train(self) -> None:

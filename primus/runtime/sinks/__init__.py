@@ -1,7 +1,7 @@
 """Where a step's metrics go: one small class per destination.
 
 ``MetricsReporter`` derives a step once and calls ``write`` on each sink of the reporting
-rank; ``close`` is called once at the end with how the run ended. The standard sinks
+rank, ``event`` for what is not a step; ``close`` is called once at the end with how the run ended. The standard sinks
 (metrics.jsonl, the console's ``[TRAIN]`` line, TensorBoard) fail loudly; experiment
 trackers (``trackers.py``: W&B, MLflow) never fail a run.
 """
@@ -17,6 +17,10 @@ class MetricSink(ABC):
     @abstractmethod
     def write(self, metrics: StepMetrics) -> None:
         """Record one step."""
+
+    def event(self, record: dict) -> None:
+        """Record an event that is not a step (``{"event": kind, ...}``: a straggler, a worker's end);
+        only metrics.jsonl keeps them."""
 
     def close(self, status: str = "completed") -> None:
         """Flush and release; ``status`` is completed, failed or preempted."""

@@ -1,4 +1,4 @@
-"""metrics.jsonl: one JSON object per step, flushed, the run's record of truth."""
+"""metrics.jsonl: one JSON object per step, and events (``{"event": kind, ...}``), flushed: the run's record of truth."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,11 @@ class JsonlSink(MetricSink):
     def write(self, metrics: StepMetrics) -> None:
         self._file = reopen_if_deleted(self._file, self.path, _warn_reopened)
         self._file.write(json.dumps(vars(metrics)) + "\n")  # flat fields: no deep-copying asdict()
+        self._file.flush()
+
+    def event(self, record: dict) -> None:
+        self._file = reopen_if_deleted(self._file, self.path, _warn_reopened)
+        self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
     def close(self, status: str = "completed") -> None:
