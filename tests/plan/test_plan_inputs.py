@@ -97,3 +97,14 @@ def test_train_stops_before_any_rank_starts_when_a_rank_does_not_fit(tmp_path):
                           capture_output=True, text=True, timeout=600, preexec_fn=_limit_memory)
     assert fits.returncode == 0 and "memory: rank 0 (pipeline stage 0) needs 187.6 GiB of 259.2 GiB usable on mi355x" \
         in fits.stdout, fits.stderr
+
+
+def test_a_slurm_submit_for_a_device_it_does_not_fit_is_refused_before_queueing(tmp_path):
+    pytest.importorskip("megatron.core")
+    exp = ROOT / "examples" / "megatron" / "llama2_7B-pretrain.yaml"
+    args = ("train", exp, "--slurm", "-N", "1", "--nproc-per-node", "1", "--dry-run", *MOCK)
+    refused = cli_in_process(*args, "--device", "h100", env=_env(tmp_path))
+    _one_line_error(refused, "rank 0 (pipeline stage 0) needs 187.6 GiB")
+    assert not (tmp_path / "ws").exists()
+    forced = cli_in_process(*args, "--device", "h100", "--force", env=_env(tmp_path))
+    assert forced.returncode == 0 and "sbatch" in forced.stdout, forced.stderr
