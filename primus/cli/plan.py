@@ -2,8 +2,10 @@
 
 LLMs (TorchTitan, Megatron) through ``primus.plan.estimate``; Wan video diffusion (AutoModel)
 through ``primus.plan.diffusion``. The first line says the world size and the device the plan
-assumes, and where each came from. Exit status: 0 fits; 1 does not fit or the layout is wrong;
-2 a user error (unknown device, bad YAML). No torch import here: ``primus --help`` stays fast.
+assumes, and where each came from; the second whether the launch is admitted on that device
+(``primus.runtime.admission``; the plan's dtypes are that device's, never this host's CPU's). Exit
+status: 0 fits; 1 does not fit, the layout is wrong or the launch would be refused; 2 a user error
+(unknown device, bad YAML). No torch import here: ``primus --help`` stays fast.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser(
         "plan", allow_abbrev=False, help="parameters, FLOPs and per-rank memory of an experiment",
         description="Estimate an experiment without a cluster: parameters, FLOPs per token/sample and step, memory "
-                    "per rank by component, and whether it fits --device. Exit 0 fits, 1 does not fit or "
-                    "the layout is wrong, 2 user error.")
+                    "per rank by component, whether it fits --device and whether a launch there is admitted. Exit 0 "
+                    "fits, 1 does not fit, the layout is wrong or the launch would be refused, 2 user error.")
     plan.add_argument("exp", help="experiment YAML")
     plan.add_argument("--device", type=non_empty_flag, help="device to fit: " + ", ".join(_device_names()))
     plan.add_argument("--nproc-per-node", type=count_flag(1), help="processes per node (env GPUS_PER_NODE, default 1)")
@@ -79,9 +81,10 @@ def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ
     return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"
 
 
-def _assumptions(world: int, source: str, device: str | None) -> str:
+def _assumptions(world: int, source: str, device: str | None, admission) -> str:
     shown = f"device {device} (--device)" if device else "no device (--device NAME to check that it fits)"
-    return f"plan for world size {world} ({source}), {shown}"
+    admitted = admission.summary() if admission.ok else f"NOT admitted on {admission.target.name}: {admission.error()}"
+    return f"plan for world size {world} ({source}), {shown}\n{admitted}"
 
 
 def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False,
@@ -119,16 +122,23 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
     return text, code
 
 
-def plan_report(model, layout, device: str | None, args: argparse.Namespace, given: int | None,
+def plan_report(plan, admission, device: str | None, args: argparse.Namespace, given: int | None,
                 source: str) -> tuple[str, int]:
-    """What ``primus plan`` prints (the assumptions line, then the table; or the JSON) and its exit status;
-    ``--project`` prints the same before its projection."""
-    world = given or layout.world_size
-    text, code = run_plan(model, layout, device, args.thresholds, args.json, world_size=given)
+    """What ``primus plan`` prints for an ``EnginePlan`` and its admission (the assumptions and admission
+    lines, the vocabulary where derived, then the table; or the JSON) and its exit status; ``--project``
+    prints the same before its projection."""
+    world = given or plan.layout.world_size
+    text, code = run_plan(plan.model, plan.layout, device, args.thresholds, args.json, world_size=given)
+    if not admission.ok:  # the launch on that device would stop at admission: the plan says so, exit 1
+        code = max(code, 1)
     if args.json:
         data = json.loads(text)
-        return json.dumps({"world_size": world, "world_size_source": source, "device": device, **data}, indent=2), code
-    return _assumptions(world, source, device) + "\n" + text, code
+        return json.dumps({"world_size": world, "world_size_source": source, "device": device,
+                           "admission": {"target": admission.target.to_dict(), "admitted": admission.ok,
+                                         "refusals": [r.line(admission.module) for r in admission.refusals]},
+                           **data}, indent=2), code
+    vocabulary = [f"vocabulary        {d.value} ({d.reason})" for d in plan.derived if d.key == "vocab_size"]
+    return "\n".join([_assumptions(world, source, device, admission), *vocabulary, text]), code
 
 
 def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -136,19 +146,19 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
         from primus.cli.plan_project import run
 
         return run(args, overrides)
-    from primus.preflight.cli import load_experiment
+    from primus.preflight.cli import plan_experiment
+    from primus.plan.target import target_for
 
     if args.device:
         from primus.plan.estimate import device_memory_bytes
 
         device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
+    target = target_for(args.device)  # the plan's dtypes are the target's, never this host's CPU's
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
-    # a named device is a GPU: its kernels (Transformer Engine, fused norms) set what the layers keep
-    model, layout = load_experiment(args.exp, overrides, args.module, given, "cuda" if args.device else None)
-    world = given or layout.world_size
-    text, code = plan_report(model, layout, args.device, args, given, source)
+    plan, admission = plan_experiment(args.exp, overrides, args.module, given, target, admit=True)
+    text, code = plan_report(plan, admission, args.device, args, given, source)
     if args.build and (code == 0 or "fail:" not in text):  # a layout the plan already refuses is not built
-        text, code = _with_fake_world(args, overrides, world, text, code)
+        text, code = _with_fake_world(args, overrides, given or plan.layout.world_size, text, code)
     print(text, file=sys.stdout)
     return code
 
@@ -172,7 +182,9 @@ def _fake_world(args: argparse.Namespace, overrides: list[str], world: int) -> t
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
-    _, engine_plan = plan_module(resolved, select_module(resolved, args.module), world)
+    from primus.plan.target import target_for
+
+    _, engine_plan = plan_module(resolved, select_module(resolved, args.module), world, target=target_for(args.device))
     try:
         return fake_world(engine_plan, world, as_rows=args.json), 0
     except ConfigError as refused:  # the engine rejects the layout at this scale: the layout is wrong

@@ -58,5 +58,6 @@ def measure_rows(exp: str, overrides: list[str], framework: str, result, *, node
 def _median_step(path: Path | None) -> float | None:
     if path is None or not path.exists():
         return None
-    times = [json.loads(line)["step_time"] for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    times = [row["step_time"] for row in rows if "step_time" in row]  # event rows (goodput) carry none
     return statistics.median(times[SKIP_STEPS:]) if len(times) > SKIP_STEPS else None

@@ -23,23 +23,28 @@ class Loaded:
     model: Any
     layout: Any
     options: Any  # ProjectionOptions
+    target: Any = None  # primus.plan.target.Target the plan is for
 
 
-def load(path: str, overrides: list[str], module_name: str | None, world: int | None, *, gpu: bool) -> Loaded:
+def load(path: str, overrides: list[str], module_name: str | None, world: int | None, *, gpu: bool,
+         device: str) -> Loaded:
+    """The experiment planned for ``device`` (``local``: this host): a named GPU's dtypes, never this host's
+    CPU's (the CPU bf16 rule is for runs on a CPU; ``primus.runtime.admission``)."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
+    from primus.plan.target import target_for
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
     backend_projection(module.framework)
-    # a GPU's plan keeps the experiment's bf16 and its kernels' activations, whatever this host's CPU has
-    adapter, engine_plan = plan_module(resolved, module, world, require_engine=False, device="cuda" if gpu else None)
+    target = target_for(None if device.lower() == "local" else device)
+    adapter, engine_plan = plan_module(resolved, module, world, require_engine=False, target=target)
     if engine_plan.model is None or engine_plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name}: no model description to project (vocab_size unknown)")
     return Loaded(module.framework, module, adapter, engine_plan.model, engine_plan.layout,
                   projection_options(module.framework, engine_plan, gpu=gpu,
-                                     translations=getattr(module, "translations", ())))
+                                     translations=getattr(module, "translations", ())), target)
 
 
 def profile_for(device: str, ranks_per_node: int):
@@ -80,7 +85,8 @@ def set_dotted(params: dict[str, Any], key: str, value: Any) -> None:
 
 
 def engine_check(loaded: Loaded, overrides: list[str], world: int) -> str | None:
-    """None when the engine's own planning accepts the layout overrides on ``world`` ranks, else why not."""
+    """None when the engine's own planning accepts the layout overrides on ``world`` ranks and admission
+    admits it on the target (context parallelism needs a GPU), else why not."""
     import yaml
 
     from primus.runtime.adapter import ModuleConfig
@@ -92,7 +98,11 @@ def engine_check(loaded: Loaded, overrides: list[str], world: int) -> str | None
     module = ModuleConfig(name=loaded.module.name, framework=loaded.framework,
                           stage=loaded.adapter.canonical_stage(loaded.module.stage), params=params)
     try:
-        loaded.adapter.plan(module, world)
+        plan = loaded.adapter.plan(module, world, device=loaded.target.torch_device if loaded.target else "cpu")
+        if loaded.target is not None:
+            from primus.runtime.admission import admit
+
+            admit(loaded.adapter, plan, loaded.target, getattr(loaded.module, "translations", ())).check()
     except ConfigError as exc:
         return str(exc)
     return None
@@ -125,7 +135,7 @@ def run(args, overrides: list[str]) -> int:
         gpus = args.gpus_per_node or args.nproc_per_node or (1 if local else 8)
         check_world(nodes, gpus)
         profile = profile_for(args.device, gpus if local else 1)
-        loaded = load(args.exp, overrides, args.module, None, gpu=not _is_cpu(profile))
+        loaded = load(args.exp, overrides, args.module, None, gpu=not _is_cpu(profile), device=args.device)
         result = search_layouts(loaded, profile, nodes=nodes, gpus_per_node=gpus, top=args.top)
         if args.measure:
             from primus.cli.plan_measure import measure_rows
@@ -138,9 +148,14 @@ def run(args, overrides: list[str]) -> int:
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
     per_node = args.nproc_per_node or (given or 1)
     profile = profile_for(args.device, per_node if local else 1)
-    loaded = load(args.exp, overrides, args.module, given, gpu=not _is_cpu(profile))
-    # one plan: the memory table `primus plan` prints (the same estimate gives mem=), then the projection
-    table, code = plan_report(loaded.model, loaded.layout, None if local else args.device, args, given, source)
+    loaded = load(args.exp, overrides, args.module, given, gpu=not _is_cpu(profile), device=args.device)
+    # one plan: the table `primus plan` prints (its heaviest rank is the projection's mem=), then the projection
+    from primus.plan.target import target_for
+    from primus.preflight.cli import plan_experiment
+
+    plan, admission = plan_experiment(args.exp, overrides, args.module, given,
+                                      target_for(None if local else args.device), admit=True)
+    table, code = plan_report(plan, admission, None if local else args.device, args, given, source)
     projected = project_text(loaded, profile, args.json)
     if args.json:
         text = json.dumps({**json.loads(table), **json.loads(projected)}, indent=2)

@@ -18,16 +18,16 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from primus.compat.runtime import check_runnable
 from primus.config.errors import ConfigError, mask_secrets
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
 from primus.config.schema import PrimusOptions, validate_model
 from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, launch_workers, summarize_error
 from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
 from primus.launch.plan import LaunchPlan
-from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
+from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
+from primus.plan.target import Target, host_target, target_for
+from primus.runtime.admission import Admission, admit
 from primus.runtime.checkpoints import newest_usable
-from primus.runtime.context import host_device
 from primus.runtime.goodput import line as goodput_line
 from primus.runtime.hangs import HangWatch
 from primus.runtime.registry import get_adapter
@@ -47,11 +47,11 @@ def select_module(resolved: ResolvedExperiment, name: str | None) -> ResolvedMod
 
 
 def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
-                check_paths: bool = False, require_engine: bool = True,
-                run_dir: Path | None = None, device: str | None = None) -> tuple[BackendAdapter, EnginePlan]:
-    """The module's ``EnginePlan``, built once: every key accepted by the engine's own config, the
-    layout checked against ``world_size`` when given, and (``check_paths``) its input files present.
-    ``device``: the kind the plan is for ("cuda" for a named GPU); default this host's."""
+                check_paths: bool = False, require_engine: bool = True, run_dir: Path | None = None,
+                target: Target | None = None) -> tuple[BackendAdapter, EnginePlan]:
+    """The module's ``EnginePlan``, built once for ``target`` (default: this host's device): every key
+    accepted by the engine's own config, the layout checked against ``world_size`` when given, and
+    (``check_paths``) its input files present. A plan for a GPU target never reads this host's CPU."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
     if require_engine:
         adapter.require_installed()
@@ -59,7 +59,7 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,  # every backend's
                    f"modules.{module.name}.primus")
     plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
-                        device=device or host_device())
+                        device=(target or host_target()).torch_device)
     if require_engine:
         adapter.import_engine()
     if check_paths:
@@ -68,14 +68,28 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
 
 
 def describe_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
-                    device: str | None = None):
+                    target: Target | None = None):
     """(ModelSpec, ParallelLayout) of the module, as ``primus plan`` needs them: without the engine where the
-    adapter can (its argument table, a generated model table)."""
+    adapter can (its argument table, a generated model table); planned for ``target`` (default: this host's)."""
+    return describe_plan(resolved, module, world_size, target=target)[1:3]
+
+
+def describe_plan(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
+                  target: Target | None = None) -> tuple[BackendAdapter, "ModelSpec | None", "ParallelLayout | None",
+                                                         EnginePlan]:
+    """(adapter, model, layout, plan) for ``primus plan``: the adapter's own plan where it needs no engine
+    (Megatron's argument table); else the model and layout its generated table tells (TorchTitan: no torch
+    import) in a plan without engine config, enough for admission, which reads the module's settings."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
+    if getattr(adapter, "plans_without_engine", False):
+        plan = plan_module(resolved, module, world_size, require_engine=False, target=target)[1]
+        return adapter, plan.model, plan.layout, plan
     stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
     validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance, f"modules.{module.name}.primus")
-    return adapter.describe(ModuleConfig.of(module, stage), world_size, resolved.provenance,
-                            device=device or host_device())
+    config = ModuleConfig.of(module, stage)
+    model, layout = adapter.describe(config, world_size, resolved.provenance,
+                                     device=(target or host_target()).torch_device)
+    return adapter, model, layout, EnginePlan(config, world_size, None, CheckpointSpec(Path(".")), model, layout)
 
 
 @dataclass
@@ -102,28 +116,51 @@ class Job:
         return "" if self.plan.is_node_zero else f"node {self.plan.node_rank} "
 
 
-def validate_keys(resolved: ResolvedExperiment, module: ResolvedModule) -> bool:
-    """Every key against the backend's own tables, without importing the engine (``validate --no-engine``).
-    False where the backend's keys are the engine's own config classes (only the Primus block is checked)."""
+def validate_keys(resolved: ResolvedExperiment, module: ResolvedModule,
+                  target: Target | None = None) -> tuple[BackendAdapter, EnginePlan] | None:
+    """Every key against the backend's own tables, without importing the engine (``validate --no-engine``):
+    the plan, to admit. None where the backend's keys are the engine's own config classes (only the Primus
+    block is checked)."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
     if getattr(adapter, "plans_without_engine", False):
-        plan_module(resolved, module, require_engine=False)
-        return True
+        return plan_module(resolved, module, require_engine=False, target=target)
     adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
     validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,
                    f"modules.{module.name}.primus")
-    return False
+    return None
+
+
+def admit_module(resolved: ResolvedExperiment, module: ResolvedModule, adapter: BackendAdapter,
+                 plan: EnginePlan, target: Target) -> Admission:
+    """Admission of the module on ``target`` (``primus.runtime.admission``): raises ConfigError (exit 2,
+    one line) for the first setting the target cannot run; the same call for every command."""
+    return admit(adapter, plan, target, module.translations, resolved.provenance).check()
+
+
+def launch_target(device: str | None, *, dry_run: bool) -> Target:
+    """The target of ``train``: ``--device`` names it for a dry-run; a launch runs on this host's device."""
+    target = target_for(device)
+    if not dry_run and target.assumed:
+        raise ConfigError(f"--device {device}: this host has no {target.name} ({host_target().name} here); "
+                          "--device names the target of config validate, plan and train --dry-run, a launch runs "
+                          "on the device it is started on")
+    return target
 
 
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
-                     resume: str, dry_run: bool, argv: list[str], device: str | None = None, force: bool = False,
+                     resume: str, dry_run: bool, argv: list[str], target: Target | None = None, force: bool = False,
                      build: bool = False) -> int:
+    """``target``: the device of a dry-run (``--device``); a launch runs on this host's device. ``force``: launch
+    even when the heaviest rank does not fit it; ``build``: with ``dry_run``, the fake-world build too."""
     run_dir = RunDir.of(resolved.spec)
-    adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path)
+    target = target or host_target()
+    adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path,
+                                       target=target)
+    admission = admit_module(resolved, module, adapter, engine_plan, target)  # before anything is written
     job = Job(resolved, module, adapter, engine_plan, plan.with_port(), run_dir, argv)
-    fits = _memory_admission(resolved, module, plan.world_size, engine_plan, device, force)  # memory_check.py
+    fits = memory_admission(engine_plan, target, force)  # memory_check.py
     if dry_run:
-        _print_dry_run(job)
+        _print_dry_run(job, admission)
         if fits:
             print(fits)
         if build:
@@ -131,7 +168,6 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
 
             print(fake_world(engine_plan, plan.world_size))
         return ExitCode.COMPLETED
-    check_runnable(job.module)  # an AMD Primus feature this Primus cannot honour stops here (primus/compat)
     os.environ.update(job.secret_env)  # literal secrets reach the workers by environment, nowhere else
     claim = _claim_as_node_zero if plan.is_node_zero else _join_as_other_node
     try:
@@ -149,29 +185,25 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
     return _report(job)
 
 
-def _memory_admission(resolved: ResolvedExperiment, module: ResolvedModule, world: int, engine_plan: EnginePlan,
-                      device: str | None, force: bool) -> str | None:
-    """Before any rank starts, the plan's heaviest rank against ``device`` (named, else this host's GPU): a
-    ConfigError when it does not fit, unless ``force``; no device (a CPU run): nothing to check. A named
-    GPU on a host without one is planned for its kernels (what its layers keep)."""
-    from primus.launch.memory_check import host_gpu, refuse_if_too_big
+def memory_admission(engine_plan: EnginePlan, target: Target, force: bool) -> str | None:
+    """Before any rank starts, the plan's heaviest rank against the target's memory (a GPU the plan knows): a
+    ConfigError when it does not fit, unless ``force``; a CPU run or an unknown GPU: nothing to check. The plan
+    is the target's (its dtypes and kernels), whatever this host is."""
+    from primus.launch.memory_check import refuse_if_too_big
+    from primus.plan.devices import DEVICE_MEMORY_GIB
 
-    if force:
+    if force or not target.gpu or target.name not in DEVICE_MEMORY_GIB:
         return None
-    model, layout = engine_plan.model, engine_plan.layout
-    if device is None:
-        device = host_gpu()
-    elif host_device() != "cuda":
-        model, layout = describe_module(resolved, module, world, device="cuda")
-    return refuse_if_too_big(model, layout, device) if device else None
+    return refuse_if_too_big(engine_plan.model, engine_plan.layout, target.name)
 
 
-def _print_dry_run(job: Job) -> None:
+def _print_dry_run(job: Job, admission: Admission) -> None:
     module = job.module
     print(f"experiment: {job.resolved.spec.exp_name} ({module.framework} {job.adapter.installed_version()}, "
           f"stage {module.stage}, module {module.name})")
     print(f"run dir:    {job.run_dir}")
     print(f"processes:  {job.plan.world_size} ({job.plan.nnodes} node(s) x {job.plan.nproc_per_node})")
+    print(f"admission:  {admission.summary()}")
     print(f"command:    {job.plan.describe(TRAIN_TARGET, job.run_dir.payload)}")
 
 

@@ -17,21 +17,6 @@ from primus.runtime.adapter import EnginePlan
 FAKE_WORLD_ENGINES = {"megatron": "megatron-core", "torchtitan": "TorchTitan"}
 
 
-def host_gpu() -> str | None:
-    """This host's GPU as ``primus plan`` names devices (mi300x, h100, ...), or None (a CPU host, or a GPU
-    the table does not know: nothing to check against)."""
-    import sys
-
-    from primus.runtime.context import host_device
-
-    if host_device() != "cuda":
-        return None
-    torch = sys.modules["torch"]  # host_device imported it
-    from primus.plan.devices import device_key
-
-    return device_key(torch.cuda.get_device_name(0))
-
-
 def device_budget(device: str, thresholds: str | None = None) -> tuple[int, float]:
     """(memory in bytes, usable fraction) of a named device."""
     from primus.plan.estimate import device_memory_bytes

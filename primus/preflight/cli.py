@@ -37,22 +37,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 
-def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None,
-                    device: str | None = None):
-    """(ModelSpec, ParallelLayout) of one module of an experiment, from its adapter's ``EnginePlan``
-    (planned for ``device``: "cuda" for a named GPU; default this host's)."""
+def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
+    """(ModelSpec, ParallelLayout) of one module of an experiment, planned for this host."""
+    plan = plan_experiment(path, overrides, module_name, world_size)[0]
+    return plan.model, plan.layout
+
+
+def plan_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None,
+                    target=None, *, admit: bool = False):
+    """(EnginePlan, Admission or None) of one module of an experiment, planned for ``target`` (default:
+    this host's device) without the engine's import (``primus.launch.job.describe_plan``) and, with
+    ``admit``, its admission on it (refusals listed, not raised)."""
     from primus.config.resolve import resolve_experiment
-    from primus.launch.job import describe_module, select_module
+    from primus.launch.job import describe_plan, select_module
+    from primus.plan.target import host_target
+    from primus.runtime.admission import admit as admission_of
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
-    model, layout = describe_module(resolved, module, world_size, device=device)
+    target = target or host_target()
+    adapter, model, layout, plan = describe_plan(resolved, module, world_size, target=target)
+    admission = admission_of(adapter, plan, target, module.translations, resolved.provenance) if admit else None
     if model is None or layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
                           "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "
                           "a local pipeline with transformer/config.json or a known Hub name)")
-    return model, layout
+    return plan, admission
+
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:

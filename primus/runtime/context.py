@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,34 +13,6 @@ from primus.runtime.instruments import Instruments
 from primus.runtime.phases import PhaseClock
 from primus.runtime.preemption import StopSignal
 from primus.runtime.metrics import MetricsReporter, StepMetrics, StepReport
-
-
-def host_device() -> str:
-    """"cuda" where torch sees an accelerator (ROCm torch says "cuda" too), else "cpu". A CPU-only torch
-    build says so in its version file, read without importing torch (2 s of CPU: ``plan`` stays fast)."""
-    if "torch" not in sys.modules and not _torch_build_has_gpu():
-        return "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _torch_build_has_gpu() -> bool:
-    """False only when the installed torch is provably a CPU build (``torch.version.cuda`` and ``hip`` None)."""
-    import ast
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("torch")
-        tree = ast.parse((Path(spec.origin).parent / "version.py").read_text(encoding="utf-8"))
-    except (AttributeError, ImportError, OSError, SyntaxError, TypeError, ValueError):
-        return True
-    builds = {}
-    for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and isinstance(node.value, ast.Constant):
-            builds[target.id] = node.value.value
-    return set(builds) != {"cuda", "hip"} or any(value is not None for value in builds.values())
 
 
 class NonFiniteLoss(RuntimeError):

@@ -85,7 +85,7 @@ def test_train_stops_before_any_rank_starts_when_a_rank_does_not_fit(tmp_path):
     pytest.importorskip("megatron.core")
     exp = ROOT / "examples" / "megatron" / "llama2_7B-pretrain.yaml"
     env = _env(tmp_path)
-    out = subprocess.run([*PRIMUS, "train", str(exp), "--device", "h100", *MOCK], cwd=ROOT, env=env,
+    out = subprocess.run([*PRIMUS, "train", str(exp), "--dry-run", "--device", "h100", *MOCK], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600, preexec_fn=_limit_memory)
     _one_line_error(out, "rank 0 (pipeline stage 0) needs 187.6 GiB (weights 12.6, grads 25.1, optimizer 75.3, "
                          "activations 72.4, logits 2.2) but h100 has 72.0 GiB usable (90% of 80 GiB)")
