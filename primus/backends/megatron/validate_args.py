@@ -45,10 +45,6 @@ def apply_megatron_lm_rules(args, *, module: str = "pre_trainer") -> None:
     _moe_rules(args, m)
 
     _pipeline_split_rules(args)
-    if args.dataloader_type == "cyclic":  # AMD Primus's module presets say cyclic
-        args.dataloader_type = "single"
-        args.note("dataloader_type", "single", "Primus's Megatron backend reads the samples in Megatron-LM's "
-                  "sequential order (single); cyclic reshuffles each epoch: same data, another order", level="warning")
 
     if args.tensor_model_parallel_size == 1 and args.sequence_parallel:
         args.sequence_parallel = False
