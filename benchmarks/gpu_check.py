@@ -81,7 +81,9 @@ def _train_summary(workspace: Path, exp_name: str) -> dict[str, Any]:
     files = sorted(workspace.rglob(f"{exp_name}/metrics.jsonl"))
     if not files:
         return {}
-    rows = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
+    from primus.runtime.metrics import read_rows
+
+    rows = read_rows(files[-1])
     steady = rows[2:] or rows
     if not steady:
         return {"steps": 0}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from primus.runtime.faults import maybe_inject
 from primus.runtime.preemption import StopSignal
-from primus.runtime.metrics import MetricsReporter, StepMetrics, StepReport
+from primus.runtime.metrics import EvalMetrics, EvalReport, MetricsReporter, StepMetrics, StepReport
 
 
 def host_device() -> str:
@@ -64,6 +64,10 @@ class RunContext:
         if self.stop_on_non_finite_loss and not math.isfinite(metrics.loss):
             raise NonFiniteLoss(report.step, metrics.loss)
         return metrics
+
+    def report_eval(self, report: EvalReport) -> EvalMetrics:
+        """Record one validation pass (every rank calls it; rank 0's sinks write it)."""
+        return self.reporter.report_eval(report)
 
     def should_stop(self) -> bool:
         """Call at each step boundary: True (on all ranks) once SIGTERM asked for a graceful stop."""

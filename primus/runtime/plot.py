@@ -1,20 +1,17 @@
-"""End-of-run PNG of loss and throughput per step, from metrics.jsonl."""
+"""End-of-run PNG of loss (and validation loss) and throughput per step, from metrics.jsonl."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-
-def read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from primus.runtime.metrics import read_rows
 
 
 def plot_metrics(run_dir: Path) -> Path | None:
     from primus.runtime.rundir import RunDir
 
-    rows = read_metrics(RunDir(run_dir).metrics)
+    path = RunDir(run_dir).metrics
+    rows = read_rows(path)
+    evals = [r for r in read_rows(path, "eval") if r.get("name", "valid") == "valid"]
     if not rows:
         return None
     import matplotlib
@@ -24,7 +21,11 @@ def plot_metrics(run_dir: Path) -> Path | None:
 
     steps = [r["step"] for r in rows]
     fig, (loss_ax, speed_ax) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    loss_ax.plot(steps, [r["loss"] for r in rows], marker="o", markersize=3)
+    loss_ax.plot(steps, [r["loss"] for r in rows], marker="o", markersize=3, label="train")
+    if evals:
+        loss_ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], marker="s", markersize=4,
+                     color="tab:orange", label="validation")
+        loss_ax.legend()
     loss_ax.set_ylabel("loss")
     loss_ax.grid(alpha=0.3)
     use_tokens = all(r.get("tokens_per_sec") for r in rows)

@@ -1,9 +1,9 @@
 """Megatron through `primus train` itself: TP=2 and PP=2 on two processes, loss falls."""
-import json
 
 import pytest
 
 from tests.conftest import ROOT, assert_seed_train_lines
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e]
 MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"
@@ -17,7 +17,7 @@ def test_two_ranks_through_primus_train(layout, run_primus, workspace):
                         "save_interval=100", "eval_interval=100")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = workspace / "amd" / "root" / name
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 9)) and rows[-1]["loss"] < rows[0]["loss"] - 1.0
     assert all(r["tflops"] > 0 for r in rows)  # Megatron-LM's FLOPs formula on the common path
     assert result.stdout.count("[TRAIN] step=1 ") == 1

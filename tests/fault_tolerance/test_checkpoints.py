@@ -20,6 +20,7 @@ import pytest
 from primus.config.errors import ConfigError
 from primus.runtime.checkpoints import UnusableCheckpoint, checkpoints_in, newest_usable, problem_of
 from tests.conftest import TINY_EXAMPLE
+from tests.helpers import read_metrics
 
 torch = pytest.importorskip("torch")
 
@@ -159,5 +160,5 @@ def test_resume_falls_back_past_a_truncated_newest_checkpoint(run_primus, worksp
     assert "Training starts at step 3" in info  # from step-2, not the damaged step-4
     assert (run_dir / "checkpoints" / "step-4.damaged" / shard.name).read_bytes() == damaged_bytes  # kept as it was
     assert (run_dir / "checkpoints" / "step-4" / ".metadata").exists()  # saved again, whole
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in read_metrics(run_dir)]
     assert steps == [1, 2, 3, 4, 3, 4, 5]

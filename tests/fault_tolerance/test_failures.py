@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e]
 pytest.importorskip("torchtitan")
@@ -20,7 +21,7 @@ def _run_dir(workspace, name):
 
 
 def _losses(run_dir):
-    return [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+    return [(r["step"], r["loss"]) for r in read_metrics(run_dir)]
 
 
 def _workers_of(run_dir):

@@ -1,9 +1,9 @@
 """Preempt (SIGTERM) at step N, resume with the same command: Megatron and AutoModel on CPU."""
-import json
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e]
 MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"
@@ -11,8 +11,7 @@ AUTOMODEL = ROOT / "examples" / "nemo_automodel" / "wan2_2_tiny-cpu.yaml"
 
 
 def _losses(workspace, name):
-    path = workspace / "amd" / "root" / name / "metrics.jsonl"
-    return [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())]
+    return [(r["step"], r["loss"]) for r in read_metrics(workspace / "amd" / "root" / name)]
 
 
 def _straight_and_split(run_primus, example, overrides, stop_step):

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import read_metrics
 
 EXAMPLE = ROOT / "examples" / "nemo_automodel" / "llama3_tiny-sft-lora.yaml"
 
@@ -43,7 +44,7 @@ def test_lora_sft_trains_and_exports_merged(run_primus, workspace, tiny_cache, t
     hf_dir = tiny_cache / "tiny_sft" / "hf" / "llama_tiny"
     info = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
     assert f"LoRA (peft) of the Hugging Face checkpoint {hf_dir}" in info
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 31))
     losses = [r["loss"] for r in rows]
     assert min(losses[-5:]) < 0.6 * losses[0], losses

@@ -1,11 +1,11 @@
 """W&B (offline) and MLflow (file store) through `primus train`: the run's metrics.jsonl rows
 and its resolved config reach both trackers, read back with their own formats and client."""
-import json
 
 import pytest
 
 from tests.conftest import TINY_EXAMPLE
 from tests.runtime.trackers_readback import mlflow_run, wandb_offline_run
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e]
 
@@ -19,7 +19,7 @@ def test_primus_train_logs_to_wandb_offline_and_mlflow(run_primus, workspace):
                         "logging.mlflow.experiment_name=Primus_Exp", env={"HF_TOKEN": "hf_never_in_a_tracker"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = workspace / "amd" / "root" / "tracked"
-    rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    rows = {r["step"]: r for r in read_metrics(run_dir)}
     assert sorted(rows) == [1, 2, 3]
     expected = {step: {k: v for k, v in row.items() if k not in ("step", "extra") and v is not None}
                 for step, row in rows.items()}
@@ -70,7 +70,7 @@ modules:
         pytest.skip("the Megatron argument table does not accept Megatron-LM's wandb_* keys yet (issue #13)")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = workspace / "amd" / "root" / "amd_wandb"
-    rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    rows = {r["step"]: r for r in read_metrics(run_dir)}
     w = wandb_offline_run(tmp_path / "wandb")
     assert (w["project"], w["name"]) == ("Primus_DeepSeek_Pretrain", "amd_wandb_run")
     assert sorted(w["history"]) == sorted(rows) == [1, 2, 3]

@@ -31,7 +31,7 @@ from primus.backends.megatron.support import run_time_notes
 from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
 from primus.config.errors import ConfigError
 from primus.runtime.context import NonFiniteLoss
-from primus.runtime.metrics import StepReport
+from primus.runtime.metrics import EvalReport, StepReport
 
 # megatron-core's DDP grad check (check_for_nan_in_grad) fails with these words in a RuntimeError.
 _NON_FINITE_GRAD = ("found NaN in local grad norm", "found Inf in local grad norm")
@@ -336,7 +336,7 @@ class MegatronTrainer:
                 lr=lr, grad_norm=grad_norm, extra=extra,
             ))
             if args.eval_interval and args.eval_iters and self.iteration % args.eval_interval == 0 and self.valid_ds:
-                ctx.logger.info("[EVAL] step=%d loss=%.4f", self.iteration, self.evaluate())
+                ctx.report_eval(EvalReport(step=self.iteration, loss=self.evaluate()))
             if args.save_interval and self.iteration % args.save_interval == 0:
                 self.save()
                 last_saved = self.iteration

@@ -4,7 +4,8 @@ TorchTitan builds every component from a ``Configurable.Config`` whose ``_owner`
 construct, and its own experiments subclass ``Trainer``, ``MetricsProcessor`` and the checkpoint
 managers (the managers document ``_should_save`` as the hook to override). So:
 
-- ``PrimusMetricsProcessor.log`` keeps the step's global loss, grad norm and LR;
+- ``PrimusMetricsProcessor.log`` keeps the step's global loss, grad norm and LR, and its
+  ``log_validation`` hands each validation loss to ``RunContext.report_eval``;
 - ``PrimusTrainer.train_step`` times the step and reports it (``RunContext.report_step``), with the
   loss of the last pipeline stage, the MoE load balance and TorchTitan's own non-finite-loss stop
   made uniform (``steps.py``);
@@ -23,7 +24,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from primus.backends.torchtitan.steps import ExpertLoad, engine_non_finite_loss, global_loss
-from primus.runtime.metrics import StepReport
+from primus.runtime.metrics import EvalReport, StepReport
 
 
 def _as(config_cls: type, config: Any) -> Any:
@@ -35,6 +36,14 @@ class PrimusMetricsProcessor(MetricsProcessor):
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
         pass
+
+    primus_ctx: Any = None  # the RunContext, set by PrimusTrainer.attach
+
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None) -> None:
+        """TorchTitan's validator hands its global loss here: Primus records it like a step."""
+        if self.primus_ctx is not None:
+            self.primus_ctx.report_eval(EvalReport(step=step, loss=float(loss)))
+        super().log_validation(loss, step, extra_metrics)
 
     def log(self, step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
             extra_metrics: dict[str, Any] | None = None) -> None:
@@ -67,6 +76,8 @@ class PrimusTrainer(Trainer):
     def attach(self, ctx: Any, flops_per_token: float | None) -> None:
         self.ctx, self.flops_per_token = ctx, flops_per_token
         self.expert_load = ExpertLoad(self.model_parts)
+        if isinstance(self.metrics_processor, PrimusMetricsProcessor):
+            self.metrics_processor.primus_ctx = ctx
 
     @property
     def tokens_per_step(self) -> int:

@@ -9,11 +9,11 @@ first loss by 3e-3 relative; a wrong dispatch or aux-loss scaling moves it by mo
 """
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import read_metrics
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,7 @@ def train(run_primus, workspace, name: str, nproc: int, *overrides: str) -> tupl
                         "save_interval=100", "eval_interval=100", *overrides, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     run_dir = workspace / "amd" / "root" / name
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     return rows, result.stdout + result.stderr  # rank 0's log lines are on the console
 
 

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import read_metrics
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.e2e
@@ -28,13 +29,13 @@ def test_a_nan_loss_stops_the_run_before_its_checkpoint(run_primus, workspace):
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
     saved = sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*"))
     assert saved == [f"iter_{i:07d}" for i in range(1, step)]  # every finite step, not the NaN one
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert all(math.isfinite(r["loss"]) for r in rows if r["step"] < step)
 
 
 def test_turned_off_the_run_continues(run_primus, workspace):
     result = run_primus("train", EXAMPLE, "exp_name=nan_off", *DIVERGE, "check_for_nan_in_loss_and_grad=false")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    rows = [json.loads(line) for line in (workspace / "amd" / "root" / "nan_off" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(workspace / "amd" / "root" / "nan_off")
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert not math.isfinite(rows[-1]["loss"])  # what the check would have stopped
