@@ -20,10 +20,10 @@ def host_device() -> str:
 
 
 class NonFiniteLoss(RuntimeError):
-    """The global loss of a step is NaN or infinite: the run stops before that state is saved."""
+    """The global loss (or grad norm) of a step is NaN or infinite: the run stops before that state is saved."""
 
-    def __init__(self, step: int, loss: float):
-        super().__init__(f"non-finite loss ({loss}) at step {step}: stopped before saving a checkpoint of this "
+    def __init__(self, step: int, loss: float, what: str = "loss"):
+        super().__init__(f"non-finite {what} ({loss}) at step {step}: stopped before saving a checkpoint of this "
                          "state (lower the learning rate, or check the data; Megatron-LM's "
                          "check_for_nan_in_loss_and_grad: false lets it continue)")
         self.step, self.loss = step, loss
@@ -57,12 +57,16 @@ class RunContext:
         return "nccl" if self.device.startswith("cuda") else "gloo"
 
     def report_step(self, report: StepReport) -> StepMetrics:
-        """Record one optimizer step; raises ``NonFiniteLoss`` (on every rank: the loss is global)
-        before the engine can checkpoint a NaN state."""
+        """Record one optimizer step; raises ``NonFiniteLoss`` (on every rank: the loss and the grad
+        norm are global) before the engine can checkpoint a NaN state. The values decide, never an
+        engine's message."""
         metrics = self.reporter.report(report)
         maybe_inject(self.rank, report.step)
-        if self.stop_on_non_finite_loss and not math.isfinite(metrics.loss):
-            raise NonFiniteLoss(report.step, metrics.loss)
+        if self.stop_on_non_finite_loss:
+            if not math.isfinite(metrics.loss):
+                raise NonFiniteLoss(report.step, metrics.loss)
+            if metrics.grad_norm is not None and not math.isfinite(metrics.grad_norm):
+                raise NonFiniteLoss(report.step, metrics.grad_norm, what="grad norm")
         return metrics
 
     def report_eval(self, report: EvalReport) -> EvalMetrics:

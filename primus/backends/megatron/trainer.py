@@ -6,6 +6,7 @@ optimizer step and the LR scheduler step (counted in samples, as Megatron-LM doe
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from functools import partial
@@ -30,12 +31,7 @@ from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.support import run_time_notes
 from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
 from primus.config.errors import ConfigError
-from primus.runtime.context import NonFiniteLoss
 from primus.runtime.metrics import EvalReport, StepReport
-
-# megatron-core's DDP grad check (check_for_nan_in_grad) fails with these words in a RuntimeError.
-_NON_FINITE_GRAD = ("found NaN in local grad norm", "found Inf in local grad norm")
-
 
 def _init_process_group(ctx) -> bool:
     """Join the process group the launcher described in env vars; True if we created it."""
@@ -286,22 +282,24 @@ class MegatronTrainer:
         The LR is read before the scheduler advances: Megatron-LM logs the one after (the next
         step's), TorchTitan the one applied; Primus reports the applied one for every backend.
         Extras: the MoE router's and MTP's auxiliary losses, as Megatron-LM logs them.
+
+        ``check_for_nan_in_loss_and_grad`` reads the step's own values: a non-finite global loss
+        skips the update (``RunContext.report_step`` then stops the run), a non-finite grad norm
+        stops it after the update and before any checkpoint of that state.
         """
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
-        try:
-            losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
-        except RuntimeError as exc:  # megatron-core DDP's check_for_nan_in_grad, before any update
-            if any(words in str(exc) for words in _NON_FINITE_GRAD):
-                raise NonFiniteLoss(self.iteration + 1, float("nan")) from None
-            raise
+        losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+        loss = _global_loss(losses, self.device)
+        if self.ctx.stop_on_non_finite_loss and not math.isfinite(loss):
+            return loss, None, lr, {}
         update_ok, grad_norm, _ = self.optimizer.step()
         if update_ok:
             self.scheduler.step(increment=self.gbs)
         extra = aux_loss_metrics(self.config, self.num_microbatches)
-        return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr, extra
+        return loss, (float(grad_norm) if grad_norm is not None else None), lr, extra
 
     def evaluate(self) -> float:
         import torch
