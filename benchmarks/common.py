@@ -149,7 +149,7 @@ def md_table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def metrics_jsonl(run_dir: Path) -> list[dict[str, Any]]:
-    """The training-step rows of a run's metrics.jsonl (validation passes left out)."""
+    """The training-step rows of a run's metrics.jsonl (validation passes and event rows left out)."""
     from primus.runtime.metrics import read_rows
 
     return read_rows(run_dir / "metrics.jsonl")

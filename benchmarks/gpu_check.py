@@ -9,6 +9,9 @@ Steps, each a subprocess with its own timeout, logged to ``DIR/<step>.log`` and 
   tt_tiny     the README's TorchTitan example through ``primus train`` on the GPU (fp32 params)
   tt_bf16     the same with ``training.mixed_precision_param=bfloat16`` (FSDP2 MixedPrecisionPolicy)
   mg_tiny     the Megatron example through ``primus train`` on the GPU (bf16)
+  tt_float8   the TorchTitan float8 example (rowwise, torchao on the FP8 units; bf16 params)
+  mg_fp8      the Megatron example in FP8 (hybrid, tensorwise) on Transformer Engine's layers; without
+              Transformer Engine on the host, the one-line admission refusal is the result
   am_tiny     the tiny Wan 2.2 example through NeMo AutoModel on the GPU (bf16)
   moe_*       every tiny MoE example (``examples/*/*tiny*moe*.yaml``, found when the script runs), bf16
   preflight   ``primus preflight`` (accelerator checks, GEMM, memory bandwidth, NCCL at world 1)
@@ -83,7 +86,7 @@ def _train_summary(workspace: Path, exp_name: str) -> dict[str, Any]:
         return {}
     from primus.runtime.metrics import read_rows
 
-    rows = read_rows(files[-1])
+    rows = read_rows(files[-1])  # step rows only
     steady = rows[2:] or rows
     if not steady:
         return {"steps": 0}
@@ -112,6 +115,10 @@ def steps(out: Path) -> list[tuple[str, list[str], int]]:
                      "exp_name=tt_bf16", "training.steps=40", "training.mixed_precision_param=bfloat16"], 240),
         ("mg_tiny", [PRIMUS, "train", "examples/megatron/llama3_tiny-pretrain.yaml", f"workspace={ws}",
                      "exp_name=mg_tiny", "bf16=true", "train_iters=40"], 240),
+        ("tt_float8", [PRIMUS, "train", "examples/torchtitan/llama3_tiny-float8.yaml", f"workspace={ws}",
+                       "exp_name=tt_float8", "training.mixed_precision_param=bfloat16"], 240),
+        ("mg_fp8", [PRIMUS, "train", "examples/megatron/llama3_tiny-pretrain.yaml", f"workspace={ws}",
+                    "exp_name=mg_fp8", "bf16=true", "train_iters=40", "fp8=hybrid", "fp8_recipe=tensorwise"], 240),
         ("am_tiny", [PRIMUS, "train", "examples/nemo_automodel/wan2_2_tiny-cpu.yaml", f"workspace={ws}",
                      "exp_name=am_tiny", "model.compute_dtype=bfloat16", "step_scheduler.max_steps=20",
                      "step_scheduler.num_epochs=10", "fsdp.reduce_dtype=bfloat16"], 240),

@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.run --quick         # a few minutes
     .venv/bin/python -m benchmarks.run --only overhead,cli
 
-Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, precision, compile. Not part of the test suite's pass/fail:
+Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, precision, compile, instruments. Not part of the test suite's pass/fail:
 targets are reported (met / not met), never asserted.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from benchmarks import (backends, checkpoint_steady, cli_latency, common, knobs, overhead, precision, roofline,
-                        torch_compile)
+from benchmarks import (backends, checkpoint_steady, cli_latency, common, instruments, knobs, overhead, precision,
+                        roofline, torch_compile)
 
-ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint", "precision", "compile")
+ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint", "precision", "compile", "instruments")
 PRESET = common.CONFIGS / "presets" / "llama_25m.yaml"
 
 
@@ -70,9 +70,11 @@ def summary_markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     titles = {"cli": "CLI latency", "overhead": "Overhead vs. the bare engine", "roofline": "Machine roofline",
               "backends": "Backend comparison (25M Llama preset)", "knobs": "Operating points",
               "checkpoint": "Steady step time after the first checkpoint / checkpoints off",
-              "precision": "bf16 vs fp32 on CPU", "compile": "torch.compile on CPU"}
+              "precision": "bf16 vs fp32 on CPU", "compile": "torch.compile on CPU",
+              "instruments": "Per-rank instruments on vs off (straggler report, watchdog, flight recorder)"}
     modules = {"cli": cli_latency, "overhead": overhead, "roofline": roofline, "backends": backends, "knobs": knobs,
-               "checkpoint": checkpoint_steady, "precision": precision, "compile": torch_compile}
+               "checkpoint": checkpoint_steady, "precision": precision, "compile": torch_compile,
+               "instruments": instruments}
     for name in ORDER:
         if name in results:
             parts.append(f"## {titles[name]}\n\n{modules[name].markdown(results[name])}")
@@ -117,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = precision.run(args.quick)
         elif name == "compile":
             results[name] = torch_compile.run(args.quick)
+        elif name == "instruments":
+            results[name] = instruments.run(args.quick)
         results[name]["elapsed_s"] = time.perf_counter() - t
         print(f"   {name}: {results[name]['elapsed_s']:.0f} s", flush=True)
     if "roofline" in results:  # achieved numbers come from the training runs, whichever ran

@@ -24,10 +24,21 @@ def run_dir_of(workspace: Path, exp_name: str, work_group: str = "amd", user_nam
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The training-step records of a run's metrics.jsonl, oldest first ([] when none was written)."""
+    from primus.runtime.metrics import is_step_row
+
+    return [row for row in _rows(run_dir) if is_step_row(row)]
+
+
+def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The event records of a run's metrics.jsonl (``{"event": kind, ...}``), of one ``kind`` if given."""
+    return [row for row in _rows(run_dir) if "event" in row and kind in (None, row["event"])]
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
     from primus.runtime.metrics import read_rows
     from primus.runtime.rundir import RunDir
 
-    return read_rows(RunDir(run_dir).metrics)
+    return read_rows(RunDir(run_dir).metrics, kind=None)
 
 
 def read_evals(run_dir: Path) -> list[dict[str, Any]]:
@@ -139,3 +150,15 @@ def cli_in_process(*argv: object, env: dict[str, str] | None = None) -> subproce
         os.environ.clear()
         os.environ.update(saved)
     return subprocess.CompletedProcess(["primus", *map(str, argv)], code, out.getvalue(), err.getvalue())
+
+
+def train_in_workspace(workspace: Path, tiny_cache: Path, example: Path, exp_name: str, *overrides: str) -> Path:
+    """``primus train EXAMPLE exp_name=NAME OVERRIDES`` in a subprocess writing into ``workspace``, which
+    it returns: a module fixture trains once and each test works on a copy of the run."""
+    from tests.conftest import PRIMUS
+
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
+    result = subprocess.run([*PRIMUS, "train", str(example), f"exp_name={exp_name}", *overrides], env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(workspace)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from primus.config.values import count_flag
 from primus.runtime.rundir import RunDir
 
 FORMATS = ("hf",)
@@ -17,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory ({workspace}/{group}/{user}/{exp})")
     parser.add_argument("--to", nargs=2, metavar=("FORMAT", "OUT_DIR"), required=True,
                         help="'hf' and the output folder (new or empty)")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--step", type=count_flag(0), help="checkpoint step (default: the latest whole one)")
     parser.add_argument("--module", help="module of the run (default: pre_trainer)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                         help="cast the weights (default: as stored in the checkpoint)")
@@ -32,6 +33,7 @@ def _export(args: argparse.Namespace, _overrides: list[str]) -> int:
         raise ConfigError(f"--to {fmt}: unknown format (supported: {', '.join(FORMATS)})")
     from primus.hf.export import export_run
 
-    result = export_run(args.run_dir, out_dir, step=args.step, module=args.module, dtype=args.dtype)
+    result = export_run(args.run_dir, out_dir, step=args.step, module=args.module, dtype=args.dtype,
+                        warn=lambda line: print(f"[primus] warning: {line}", flush=True))
     print(f"[primus] exported {result.checkpoint} (step {result.step}, {result.tensors} tensors) -> {result.out_dir}")
     return 0

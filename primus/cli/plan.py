@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+from primus.config.values import count_flag, env_count, non_empty_flag
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser(
@@ -20,9 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "per rank by component, and whether it fits --device. Exit 0 fits, 1 does not fit or "
                     "the layout is wrong, 2 user error.")
     plan.add_argument("exp", help="experiment YAML")
-    plan.add_argument("--device", help="device to fit: " + ", ".join(_device_names()))
-    plan.add_argument("--nproc-per-node", type=int, help="processes per node (env GPUS_PER_NODE, default 1)")
-    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=int, help="nodes (env NNODES, default 1)")
+    plan.add_argument("--device", type=non_empty_flag, help="device to fit: " + ", ".join(_device_names()))
+    plan.add_argument("--nproc-per-node", type=count_flag(1), help="processes per node (env GPUS_PER_NODE, default 1)")
+    plan.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1),
+                      help="nodes (env NNODES, default 1)")
     plan.add_argument("--module", help="module of EXP (default: pre_trainer)")
     plan.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     plan.add_argument("--json", action="store_true", help="print the estimate as JSON")
@@ -45,20 +48,23 @@ def _device_names() -> list[str]:
 
 
 def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ) -> tuple[int | None, str]:
-    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says."""
+    """(world size, where it came from): flags, then GPUS_PER_NODE/NNODES; None when neither says.
+    A count below 1 or not a number, from a flag or a variable, is a user error naming it."""
     parts, sources = [], []
     for flag, value, var in (("--nproc-per-node", nproc_per_node, "GPUS_PER_NODE"), ("-N", nnodes, "NNODES")):
+        from_env = env_count(var, env) if value is None else None
         if value is not None:
             parts.append(value)
             sources.append(f"{flag} {value}")
-        elif env.get(var):
-            parts.append(int(env[var]))
-            sources.append(f"${var}={env[var]}")
+        elif from_env is not None:
+            parts.append(from_env)
+            sources.append(f"${var}={from_env}")
         else:
             parts.append(1)
     if not sources:
-        if env.get("WORLD_SIZE"):
-            return int(env["WORLD_SIZE"]), f"$WORLD_SIZE={env['WORLD_SIZE']}"
+        world = env_count("WORLD_SIZE", env)
+        if world is not None:
+            return world, f"$WORLD_SIZE={world}"
         return None, "not given (--nproc-per-node, -N): the smallest world the experiment's layout runs on"
     return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"
 

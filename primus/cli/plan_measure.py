@@ -15,6 +15,7 @@ from pathlib import Path
 
 from primus.backends.projection import backend_projection
 from primus.config.errors import ConfigError
+from primus.runtime.rundir import RunDir
 
 SKIP_STEPS = 2
 
@@ -42,7 +43,7 @@ def measure_rows(exp: str, overrides: list[str], framework: str, result, *, node
                 row.measure_error = f"no result within {timeout_s:.0f} s"
                 continue
             if done.returncode == 0:
-                row.measured_step_time = _median_step(next(workspace.glob(f"*/*/{name}/metrics.jsonl"), None))
+                row.measured_step_time = _median_step(next(workspace.glob(f"*/*/{name}/{RunDir.METRICS}"), None))
             else:
                 lines = [line for line in done.stderr.splitlines() if line.strip()]
                 row.measure_error = f"exit {done.returncode}: {lines[-1] if lines else ''}"[:300]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from primus.config.values import count_flag, non_empty_flag
+
 
 def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     """Executor flags shared by ``train`` and ``preflight`` (they override the ``launcher:`` files)."""
@@ -17,18 +19,20 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     choice.add_argument("--srun", dest="executor", action="store_const", const="srun",
                         help="run as a job step inside an existing Slurm allocation")
     group.add_argument("--launcher-config", metavar="FILE", help="project launcher file (default ./.primus.yaml)")
-    group.add_argument("--nproc-per-node", type=int, help="processes on this node (env GPUS_PER_NODE, default 1)")
-    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=int, help="nodes in the job (env NNODES)")
-    group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK, default 0)")
-    group.add_argument("--master-addr", help="rendezvous host = node 0 (env MASTER_ADDR)")
-    group.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT)")
+    group.add_argument("--nproc-per-node", type=count_flag(1),
+                       help="processes on this node (env GPUS_PER_NODE, default 1)")
+    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1),
+                       help="nodes in the job (env NNODES)")
+    group.add_argument("--node-rank", type=count_flag(0), help="this node's rank (env NODE_RANK, default 0)")
+    group.add_argument("--master-addr", type=non_empty_flag, help="rendezvous host = node 0 (env MASTER_ADDR)")
+    group.add_argument("--master-port", type=count_flag(1, 65535), help="rendezvous port (env MASTER_PORT)")
     group.add_argument("--rdzv-id", help="rendezvous / attempt id shared by all nodes (env PRIMUS_JOB_ID)")
-    group.add_argument("--rdzv-timeout", type=int, help="seconds for every node to join (default 300)")
+    group.add_argument("--rdzv-timeout", type=count_flag(1), help="seconds for every node to join (default 300)")
     group.add_argument("--local-addr", help="this node's address for worker traffic (default: its hostname)")
     group.add_argument("--partition", help="Slurm partition")
     group.add_argument("--time", help="Slurm time limit")
     group.add_argument("--account", help="Slurm account")
-    group.add_argument("--gpus-per-node", type=int, help="Slurm GPUs per node (also processes per node)")
+    group.add_argument("--gpus-per-node", type=count_flag(1), help="Slurm GPUs per node (also processes per node)")
     group.add_argument("--container", metavar="IMAGE", help="run inside this image (docker, podman or apptainer)")
     group.add_argument("--container-engine", choices=["auto", "docker", "podman", "apptainer"])
     group.add_argument("--container-python", metavar="PY",
@@ -37,12 +41,13 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     group.add_argument("--container-env-secrets", action="store_const", const=True,
                        help="also pass *_TOKEN/*_KEY/*_SECRET/*PASSWORD* variables into the container")
     if train:
-        group.add_argument("--max-restarts", type=int,
+        group.add_argument("--max-restarts", type=count_flag(0),
                            help="restart failed workers up to K times (torchelastic); they resume from the latest "
                                 "checkpoint")
         group.add_argument("--no-shared-fs", dest="shared_fs", action="store_const", const=False,
                            help="nodes > 0 write their own copy of the run dir instead of waiting for node 0's")
-        group.add_argument("--run-dir-timeout", type=int, help="seconds a node > 0 waits for node 0's run dir")
+        group.add_argument("--run-dir-timeout", type=count_flag(1),
+                           help="seconds a node > 0 waits for node 0's run dir")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

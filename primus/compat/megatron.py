@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from primus.compat.rules import custom, inert, kernel, rename, table, unsupported
+from primus.compat.rules import custom, inert, kernel, negated, rename, switch, table, unsupported
 
 TURBO = "Primus-Turbo kernel switch"
 STALE = "not a Megatron-LM d3528a2 argument (AMD Primus's trainer_base.yaml still lists it); no effect"
@@ -37,7 +37,11 @@ def _tokenizer_type(value: Any, ctx, key: str) -> None:
 
 
 def _auto_continue(value: Any, ctx, key: str) -> None:
-    if value:
+    try:
+        on = switch(value)
+    except ValueError as exc:
+        raise ctx.fail(key, str(exc)) from None
+    if on:
         ctx.set(key, "always", "primus.resume", "AMD Primus auto_continue_train: continue from the run's latest "
                                                 "checkpoint, even a completed run (like --resume)")
     else:
@@ -146,9 +150,9 @@ RULES = table(
     rename("log_avg_skip_iterations", "primus.avg_skip_steps", "[TRAIN] averages skip the first N steps"),
     rename("log_avg_reset_interval", "primus.avg_window", "[TRAIN] averages over a window of N steps"),
     rename("disable_tensorboard", "primus.tensorboard", "TensorBoard event files in the run dir",
-           convert=lambda v: not v),
-    rename("disable_wandb", "primus.wandb", "W&B on/off (with Megatron-LM's wandb_project)", convert=lambda v: not v),
-    rename("disable_mlflow", "primus.mlflow", "MLflow on/off", convert=lambda v: not v),
+           convert=negated),
+    rename("disable_wandb", "primus.wandb", "W&B on/off (with Megatron-LM's wandb_project)", convert=negated),
+    rename("disable_mlflow", "primus.mlflow", "MLflow on/off", convert=negated),
     rename("mlflow_run_name", "primus.mlflow_run_name", "the MLflow run's name"),
     rename("mlflow_experiment_name", "primus.mlflow_experiment_name", "the MLflow experiment"),
     inert("mlflow_upload_traces", "MLflow tracking is not built in"),
@@ -180,7 +184,7 @@ RULES = table(
     # -- checkpoints and resume ----------------------------------------------------------------
     custom("auto_continue_train", "the resume policy", _auto_continue),
     rename("disable_last_saving", "primus.save_last_checkpoint", "no checkpoint at the last step (Megatron backend; "
-           "a preemption still saves)", convert=lambda v: not v),
+           "a preemption still saves)", convert=negated),
     # -- kernels (primus_turbo.yaml and friends): same math, stock kernels here ----------------
     kernel("enable_primus_turbo", TURBO),
     kernel("use_turbo_autotune", TURBO),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from primus.compat.rules import custom, rename, table
+from primus.compat.rules import custom, rename, switch, table
 
 MIGRATION = "AutoModel's own migration (_REMOVED_KEY_MIGRATIONS, 0.7.0)"
 STAGES = {"pretrain": "pretrain", "finetune": "finetune"}
@@ -27,7 +27,11 @@ def _mode(value: Any, ctx, key: str) -> None:
 def _wandb(value: Any, ctx, key: str) -> None:
     """AMD's ``wandb.enable``: 0.7.0 builds a W&B run for any ``wandb:`` block, so off drops the block."""
     section = ctx.params.get("wandb")
-    if value:
+    try:
+        on = switch(value)
+    except ValueError as exc:
+        raise ctx.fail(key, str(exc)) from None
+    if on:
         ctx.note(key, value, "W&B on: the rest of the wandb: block goes to wandb.init")
         return
     ctx.params.pop("wandb", None)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from primus.config.secrets import shown_value
+
 # The values AMD Primus uses for "feature off".
 OFF: tuple[Any, ...] = (False, None, 0, "", [], {})
 
@@ -40,6 +42,12 @@ class Translation:
     kind: str = "rename"  # rename | inert | kernel | refuse_at_run | stage
     where: str = ""  # file:line of the AMD key
     target_value: Any = None
+
+    def __post_init__(self) -> None:
+        """A secret's value (``HF_TOKEN: hf_…`` among a module's keys) is never kept: this record
+        is printed, logged and saved with the run."""
+        object.__setattr__(self, "value", shown_value(self.source, self.value))
+        object.__setattr__(self, "target_value", shown_value(self.target or self.source, self.target_value))
 
     def line(self) -> str:
         if self.kind in ("rename", "stage"):
@@ -79,6 +87,21 @@ class Rule:
 
     def is_off(self, value: Any) -> bool:
         return value in self.off  # == comparison: AMD files write false and 0 alike
+
+
+def switch(value: Any) -> bool:
+    """An AMD on/off key's value: YAML's true/false, or the 0/1 its argparse-era files write;
+    anything else (``maybe``, a mapping) is a ``ValueError`` the rule turns into one line."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{_show(value)!s} is not true or false")
+
+
+def negated(value: Any) -> bool:
+    """``disable_X: true`` -> ``X: false``, for a valid on/off value only."""
+    return not switch(value)
 
 
 def rename(key: str, target: str, why: str, *, convert: Callable[[Any], Any] | None = None,

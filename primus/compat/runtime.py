@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from primus.compat.hub import fetch, is_hub_id
+from primus.compat.hub import HubTimeouts, fetch, is_hub_id
 from primus.compat.rules import Translation
 from primus.config.errors import ConfigError
 
@@ -57,7 +57,7 @@ def localize_hub_references(framework: str, params: dict[str, Any], *, local_ran
     for key, kind in HUB_KEYS.get(framework, []):
         reference = params.get(key)
         if is_hub_id(reference):
-            path = fetch(reference, kind, key=key, local_rank=local_rank)
+            path = fetch(reference, kind, key=key, local_rank=local_rank, timeouts=HubTimeouts.of(params))
             params = {**params, key: str(path)}
             log_derived(key, path, f"Hugging Face Hub '{reference}', fetched once into the HF cache")
     return _localize_hub_tokenizer(framework, params, local_rank=local_rank, log_derived=log_derived)
@@ -75,7 +75,7 @@ def _localize_hub_tokenizer(framework: str, params: dict[str, Any], *, local_ran
         log_derived("tokenizer_type", "NullTokenizer", f"mock_data: random tokens need no tokenizer, so "
                     f"'{reference}' is not fetched; vocab_size {params['vocab_size']} from the model")
         return params
-    path = fetch(reference, "tokenizer", key=key, local_rank=local_rank)
+    path = fetch(reference, "tokenizer", key=key, local_rank=local_rank, timeouts=HubTimeouts.of(params))
     params[key] = str(path)
     log_derived(key, path, f"Hugging Face Hub '{reference}', fetched once into the HF cache")
     return params

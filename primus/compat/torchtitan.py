@@ -63,16 +63,53 @@ def _recompute_fqns(value: Any, ctx, key: str) -> None:
     ctx.set(key, value, "activation_checkpoint.force_recompute_mm_shapes_by_fqns", TT02)
 
 
+# TorchTitan 0.2 / 0.1 names of its float8 converter (0.3.0 names converters by class: float8.py)
+FLOAT8_CONVERTERS = ("quantize.linear.float8", "float8")
+
+
+# TorchTitan 0.2 module names -> 0.3.0's, for float8's filter_fqns (0.3.0 calls the output head lm_head)
+RENAMED_MODULES = {"output": "lm_head"}
+
+
 def _converters(value: Any, ctx, key: str) -> None:
+    """``model.converters``: ours is a mapping (``{float8: {...}}``, checked by the backend; AMD's
+    ``quantize.linear.float8`` settings beside it are applied to it); AMD's is a list of 0.2 names."""
+    if isinstance(value, dict):
+        settings = _float8_settings(ctx, value.get("float8")) if "float8" in value else None
+        if settings is None or settings == value["float8"]:
+            ctx.params.setdefault("model", {})["converters"] = value
+        else:
+            ctx.set(key, {**value, "float8": settings}, "model.converters",
+                    "quantize.linear.float8's TorchTitan 0.2 settings on the float8 converter")
+        return
     names = [value] if isinstance(value, str) else list(value or [])
-    precision = [n for n in names if n != "primus_turbo"]
-    if precision:
-        ctx.note(key, value, f"model converters {', '.join(precision)} (low-precision training) are not wired "
-                             f"to TorchTitan 0.3.0's converters here", kind="refuse_at_run")
+    other = [n for n in names if n not in FLOAT8_CONVERTERS and n != "primus_turbo"]
+    if other:
+        ctx.note(key, value, f"model converters {', '.join(other)} are not wired to TorchTitan 0.3.0's "
+                             "converters here (float8 is)", kind="refuse_at_run")
+    elif any(n in FLOAT8_CONVERTERS for n in names):
+        ctx.set(key, {"float8": _float8_settings(ctx, {})}, "model.converters",
+                "TorchTitan 0.2 converter name; settings from quantize.linear.float8, a null recipe_name is "
+                "0.2's tensorwise" + ("; primus_turbo: stock kernels" if "primus_turbo" in names else ""))
     elif names:
         ctx.note(key, value, f"{TURBO} (model converter)", kind="kernel")
     else:
         ctx.note(key, value, "no model converters")
+
+
+def _float8_settings(ctx, ours: dict[str, Any] | None) -> dict[str, Any]:
+    """``ours`` (the float8 converter's fields) with TorchTitan 0.2's settings applied. 0.2 built torchao's
+    tensorwise config when ``recipe_name`` was null (and honoured ``emulate`` only then)."""
+    old = {k.split(".", 1)[1]: v for k, v in ctx.amd.items() if k.startswith("float8.")}  # TorchTitan 0.1
+    settings = {**old, **((ctx.amd.get("quantize.linear") or {}).get("float8") or {})}
+    out: dict[str, Any] = {**(ours or {})}
+    if settings.get("recipe_name") or "recipe_name" not in out:
+        out["recipe_name"] = settings.get("recipe_name") or "tensorwise"
+    if settings.get("filter_fqns"):
+        out["filter_fqns"] = [RENAMED_MODULES.get(name, name) for name in settings["filter_fqns"]]
+    if settings.get("emulate") and not settings.get("recipe_name"):
+        out["emulate"] = True
+    return out
 
 
 def _mock_data(value: Any, ctx, key: str) -> None:
@@ -92,7 +129,9 @@ def _custom_import(value: Any, ctx, key: str) -> None:
 
 def _quantize(value: Any, ctx, key: str) -> None:
     """``quantize.*``: AMD's float8 / MX settings; only a converter listed in model.converters uses them."""
-    ctx.note(key, value, "read by a float8/mx model converter (see model.converters)")
+    ctx.note(key, value, "its float8 recipe_name, filter_fqns and emulate go to model.converters.float8 when a "
+                         "float8 converter is set; TorchTitan 0.3.0 has no float8 all-gather / scale-precompute "
+                         "switches and no MX settings here")
 
 
 RULES = table(

@@ -195,7 +195,10 @@ def _wildcard_target(rule: Rule, dotted: str) -> str:
 
 def _apply(ctx: CompatContext, dotted: str, rule: Rule, value: Any) -> None:
     if rule.action == "rename":
-        converted = rule.convert(value) if rule.convert else value
+        try:
+            converted = rule.convert(value) if rule.convert else value
+        except (TypeError, ValueError) as exc:  # a value of the wrong type for the AMD key
+            raise ctx.fail(dotted, str(exc)) from None
         ctx.set(dotted, converted, _wildcard_target(rule, dotted), rule.why, experiment=rule.experiment)
     elif rule.action == "inert":
         ctx.note(dotted, value, rule.why)

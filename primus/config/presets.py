@@ -63,14 +63,15 @@ def display_path(path: Path) -> str:
 PARENT_KEYS = ("extends", "bases")
 
 
-def _pop_parents(layer: Layer, where: str) -> tuple[list[str] | None, str]:
-    """The file's parent list (from ``extends:`` or its AMD Primus alias ``bases:``) and its file:line."""
+def _pop_parents(layer: Layer, where: str) -> tuple[list[str] | None, str, str]:
+    """The file's parent list (from ``extends:`` or its AMD Primus alias ``bases:``), its file:line,
+    and how the line names them (the key, and the ``${VAR}`` template when there is one)."""
     present = [key for key in PARENT_KEYS if key in layer.data]
     if len(present) > 1:
         raise ConfigError(f"{layer.origins.get(present[1], where)}: both extends and bases are set; "
                           f"bases is AMD Primus's name for extends: keep one")
     if not present:
-        return None, where
+        return None, where, ""
     key = present[0]
     parents = layer.data.pop(key)
     line = layer.origins.pop(key, where)
@@ -78,7 +79,8 @@ def _pop_parents(layer: Layer, where: str) -> tuple[list[str] | None, str]:
         parents = [parents]
     if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
         raise ConfigError(f"{line}: {key} must be a file name or a list of file names")
-    return parents, line
+    template = layer.templates.get(key)
+    return parents, line, f"{key} (written {template!r}, an environment variable in it empty?)" if template else key
 
 
 def load_with_extends(path: Path, label: str, _stack: tuple[Path, ...] = ()) -> list[Layer]:
@@ -88,7 +90,7 @@ def load_with_extends(path: Path, label: str, _stack: tuple[Path, ...] = ()) -> 
         cycle = " -> ".join(display_path(p) for p in (*_stack, path))
         raise ConfigError(f"{display_path(path)}: extends cycle: {cycle}")
     layer = load_yaml_layer(path, label, display_path(path))
-    parents, line = _pop_parents(layer, display_path(path))
+    parents, line, named = _pop_parents(layer, display_path(path))
     if parents is None:
         return [layer]
     layers: list[Layer] = []
@@ -96,7 +98,7 @@ def load_with_extends(path: Path, label: str, _stack: tuple[Path, ...] = ()) -> 
         parent_path = Path(parent).expanduser()
         parent_path = parent_path if parent_path.is_absolute() else path.parent / parent_path
         if not parent_path.is_file():
-            raise ConfigError(f"{line}: extends '{parent}' not found ({parent_path})")
+            raise ConfigError(f"{line}: {named} '{parent}' not found ({parent_path})")
         layers.extend(load_with_extends(parent_path, f"{label} (extends)", (*_stack, path)))
     layers.append(layer)
     return layers

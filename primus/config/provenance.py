@@ -5,6 +5,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from primus.config.secrets import shown_value
 from primus.config.yaml_source import Layer
 
 
@@ -35,7 +36,8 @@ class Provenance:
         command line), it is said: one line in ``overridden`` for the launcher to print."""
         explicit = next((s for s in reversed(self.chains.get(key, [])) if s.label in EXPLICIT), None)
         if explicit is not None and explicit.value != value:
-            self.overridden.append(f"{key}={value!r} from {reason} replaces {explicit.value!r} ({explicit.where}): "
+            value, replaced = shown_value(key, value), shown_value(key, explicit.value)
+            self.overridden.append(f"{key}={value!r} from {reason} replaces {replaced!r} ({explicit.where}): "
                                    f"{reason} wins; set it to null to use your value")
         self.record(key, Source(DERIVED, reason, value))
 

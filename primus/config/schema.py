@@ -64,6 +64,43 @@ class ModuleSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+class StragglerOptions(BaseModel):
+    """``primus.stragglers``: the per-rank straggler report (``primus.runtime.stragglers``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    interval: int = Field(100, ge=1, le=1_000_000, description="compare the ranks every N steps")
+    threshold: float = Field(0.2, gt=0, le=10, allow_inf_nan=False,
+                             description="name a rank this much slower than the median of the others (0.2 = 20%)")
+
+
+class HangOptions(BaseModel):
+    """``primus.hang``: the per-rank watchdog (``primus.runtime.watchdog``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    deadline_s: float | None = Field(None, gt=0, le=7 * 86400, allow_inf_nan=False,
+                                     description="no step for this long is a hang (None: factor x median step)")
+    factor: float = Field(5.0, ge=1, le=1000, allow_inf_nan=False, description="deadline = factor x median step")
+    floor_s: float = Field(60.0, gt=0, le=7 * 86400, allow_inf_nan=False, description="the deadline's minimum")
+    action: Literal["exit", "wait"] = Field("exit", description="after the dumps: exit non-zero, or keep waiting")
+    flight_recorder_entries: int = Field(2000, ge=0, le=1_000_000,
+                                         description="collectives torch's flight recorder keeps per rank (0: off)")
+
+
+class HubOptions(BaseModel):
+    """Seconds a Hugging Face Hub request may take when a run fetches a Hub id (primus/compat/hub.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connect_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    read_timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False, description="between two reads")
+    stall_timeout_s: float = Field(90.0, gt=0, le=24 * 3600, allow_inf_nan=False,
+                                   description="without any answer, across retries: then the run stops")
+
+
 class PrimusOptions(BaseModel):
     """The ``primus:`` block of a module's params: Primus' own knobs, never handed to an engine."""
 
@@ -87,6 +124,9 @@ class PrimusOptions(BaseModel):
     save_last_checkpoint: bool = Field(True, description="save a checkpoint at the last step (Megatron)")
     resume: Literal["auto", "always", "never"] | None = Field(
         None, description="resume policy when the command line names none (--resume / --no-resume)")
+    stragglers: StragglerOptions = Field(default_factory=StragglerOptions)
+    hang: HangOptions = Field(default_factory=HangOptions)
+    hub: HubOptions = Field(default_factory=HubOptions, description="Hugging Face Hub timeouts")
 
 
 class ExperimentSpec(BaseModel):

@@ -44,6 +44,22 @@ def is_secret_env(name: str) -> bool:
     return bool(_SECRET_ENV.search(name))
 
 
+_ENVIRONMENT_NAME = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)+$")
+
+
+def is_secret_name(name: str) -> bool:
+    """The one test for "never print this value": a secret key (``primus.hf_token``, ``HF_TOKEN``,
+    ``WANDB_API_KEY``, ``db_password``; never ``tokenizer_type``) or, for a name written as an
+    environment variable, a secret variable (``*_TOKEN``, ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``)."""
+    last = str(name).rsplit(".", 1)[-1]
+    return is_secret_key(last) or (bool(_ENVIRONMENT_NAME.match(last)) and is_secret_env(last))
+
+
+def shown_value(name: str, value: Any) -> Any:
+    """What a line may print for ``name``'s value: ``<redacted>`` for a secret, else the value."""
+    return REDACTED if is_secret_name(name) and _is_secret_value(value) else value
+
+
 def secret_values(env: Mapping[str, str]) -> list[str]:
     """Values of secret-looking environment variables (long enough to be worth masking)."""
     return [value for name, value in env.items() if is_secret_env(name) and len(value) >= 4]

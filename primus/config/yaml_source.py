@@ -146,10 +146,17 @@ def _yaml_error(exc: yaml.YAMLError, text: str, where: str) -> ConfigError:
     return ConfigError(f"{where}{line}: invalid YAML: {problem}")
 
 
-def load_yaml_layer(path: Path, label: str, display: str | None = None) -> Layer:
-    """Parse ``path`` (must be a mapping) and interpolate ``${VAR}``/``${VAR:default}``."""
-    where = display or str(path)
-    text = _read_text(path, where)
+def read_yaml(path: Path, where: str | None = None) -> Any:
+    """The plain data of a YAML file, within the bounds of ``plain_yaml``, without interpolation
+    (a file Primus wrote itself: ``config.resolved.yaml`` keeps secrets as ``${VAR}``)."""
+    where = where or str(path)
+    raw = _parse(_read_text(path, where), where)
+    if isinstance(raw, (dict, list)):
+        check_shape(raw, where)
+    return _plain(raw, "", where, {})
+
+
+def _parse(text: str, where: str) -> Any:
     loader = None
     try:
         loader = _LineLoader(text)  # the reader refuses control characters right here
@@ -164,6 +171,13 @@ def load_yaml_layer(path: Path, label: str, display: str | None = None) -> Layer
     finally:
         if loader is not None:
             loader.dispose()
+    return raw
+
+
+def load_yaml_layer(path: Path, label: str, display: str | None = None) -> Layer:
+    """Parse ``path`` (must be a mapping) and interpolate ``${VAR}``/``${VAR:default}``."""
+    where = display or str(path)
+    raw = _parse(_read_text(path, where), where)
     if raw is None:
         raw = _LineDict()
     if not isinstance(raw, dict):

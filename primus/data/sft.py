@@ -24,6 +24,7 @@ a resumed run continues with exactly the batches an uninterrupted one would have
 """
 from __future__ import annotations
 
+import codecs
 import json
 import random
 import re
@@ -103,33 +104,93 @@ def record_files(path: str | Path, split: str = "train") -> list[Path]:
 
 
 def jsonl_files(path: str | Path) -> list[Path]:
-    """The training files under ``path`` (at least one; else one ConfigError)."""
+    """The training files under ``path`` (at least one; else one ConfigError saying what is there)."""
     files = record_files(path)
     if not files:
+        held_out = record_files(path, "valid") + record_files(path, "test")
+        if held_out:
+            names = ", ".join(str(f.relative_to(path)) for f in held_out[:3]) + (", ..." if len(held_out) > 3 else "")
+            raise ConfigError(f"{path}: holds only a validation/test split ({names}), no training records: add the "
+                              "training files (named for the train split, or for no split at all)")
         raise ConfigError(f"{path}: no training records (files named for the train split, or no split at all)")
     return files
 
 
-def _rows(file: Path):
-    """``(line or row number, record)`` of one file."""
-    if file.suffix == ".parquet":
-        import pyarrow.parquet as pq
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+         (codecs.BOM_UTF16_BE, "UTF-16"))
 
-        yield from enumerate(pq.read_table(file).to_pylist(), 1)
-    elif file.suffix == ".json" and file.read_text(encoding="utf-8").lstrip()[:1] == "[":
-        try:
-            yield from enumerate(json.loads(file.read_text(encoding="utf-8")), 1)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-    else:  # JSON Lines (a .json file of one object per line, as many Hub datasets ship, too)
-        with file.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield number, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{file}:{number}: not valid JSON ({exc.msg})") from None
+
+def _text(data: bytes, file: Path, number: int = 1) -> str:
+    """``data`` (line ``number`` of ``file``, or all of it) as UTF-8 text, or one ConfigError naming file:line."""
+    for bom, encoding in _BOMS:
+        if number == 1 and data.startswith(bom):
+            raise ConfigError(f"{file}: the file is {encoding} text; save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig" if number == 1 else "utf-8")
+    except UnicodeDecodeError as exc:
+        line = number + data[:exc.start].count(b"\n")
+        raise ConfigError(f"{file}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8") \
+            from None
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        line = where if where.count(":") else f"{where}:{exc.lineno}"
+        raise ConfigError(f"{line}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: JSON nested too deep to be an instruction record") from None
+    except ValueError as exc:  # an integer of thousands of digits (sys.get_int_max_str_digits)
+        raise ConfigError(f"{where}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+
+
+def _parquet_rows(file: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(file)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise ConfigError(f"{file}: not a readable Parquet file ({' '.join(str(exc).split())[:160]})") from None
+    yield from enumerate(table.to_pylist(), 1)
+
+
+def _rows(file: Path):
+    """``(line or row number, record)`` of one file; undecodable text or JSON is one ConfigError naming file:line."""
+    if file.suffix == ".parquet":
+        yield from _parquet_rows(file)
+        return
+    with file.open("rb") as handle:
+        head = handle.read(64).lstrip(b" \t\r\n").removeprefix(codecs.BOM_UTF8).lstrip(b" \t\r\n")
+        handle.seek(0)
+        if file.suffix == ".json" and head[:1] == b"[":
+            yield from enumerate(_json(_text(handle.read(), file), str(file)), 1)
+            return
+        # JSON Lines (a .json file of one object per line, as many Hub datasets ship, too)
+        for number, raw in enumerate(handle, 1):
+            line = _text(raw, file, number)
+            if line.strip():
+                yield number, _json(line, f"{file}:{number}")
+
+
+def _check_unicode(record: Any, where: str) -> None:
+    """Every string of the record is valid Unicode: JSON's ``\\ud800`` escapes can make a lone
+    surrogate, which no tokenizer can encode."""
+    stack = [record]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ConfigError(f"{where}: a string holds a lone surrogate ({item[exc.start]!a}): not valid "
+                                  "Unicode text") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def read_records(path: str | Path, split: str = "train") -> list[tuple[str, dict[str, Any]]]:
@@ -141,6 +202,7 @@ def read_records(path: str | Path, split: str = "train") -> list[tuple[str, dict
             where = f"{file}:{number}"
             if not isinstance(record, dict):
                 raise ConfigError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            _check_unicode(record, where)
             records.append((where, record))
     if not records and split == "train":
         raise ConfigError(f"{path}: no instruction records")
@@ -148,12 +210,16 @@ def read_records(path: str | Path, split: str = "train") -> list[tuple[str, dict
 
 
 def split_records(records: list, valid_fraction: float, seed: int) -> tuple[list, list]:
-    """A deterministic held-out share (at least one record when the fraction is > 0)."""
+    """A deterministic held-out share (at least one record when the fraction is > 0, and at least
+    one left to train on: a share that holds out every record is one ConfigError)."""
     if valid_fraction <= 0 or len(records) < 2:
         return records, []
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
     n_valid = max(1, round(len(records) * valid_fraction))
+    if n_valid >= len(records):
+        raise ConfigError(f"valid_fraction {valid_fraction} of {len(records)} records holds out all of them: nothing "
+                          "is left to train on (lower the fraction, or give a separate validation file)")
     held_out = set(order[:n_valid])
     return ([r for i, r in enumerate(records) if i not in held_out],
             [r for i, r in enumerate(records) if i in held_out])
@@ -168,12 +234,26 @@ def _squad(record: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     return record.get("context"), record.get("question"), answer
 
 
+_TEXT_KEYS = ("prompt", "response", "instruction", "input", "output", "system", "context", "question", "answer")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _prompt_response(record: dict[str, Any], where: str) -> tuple[str, str, str | None]:
+    for key in _TEXT_KEYS:
+        value = record.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{where}: `{key}` must be a string, got {type(value).__name__} {_short(value)}")
     response = record.get("response", record.get("output"))
     if "prompt" in record:
         prompt = record["prompt"]
     elif "instruction" in record:  # Alpaca: the optional `input` is context for the instruction
-        prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
+        prompt = record["instruction"]
+        if isinstance(prompt, str) and record.get("input"):
+            prompt += f"\n\n{record['input']}"
     elif "question" in record:  # SQuAD-style QA: the context comes first
         context, prompt, response = _squad(record)
         prompt = f"{context}\n\n{prompt}" if isinstance(context, str) and isinstance(prompt, str) else prompt

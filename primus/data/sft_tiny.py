@@ -49,19 +49,25 @@ def sample_texts() -> list[str]:
 
 def write_instruction_files(out_dir: Path, n: int = 800, seed: int = 0) -> dict[str, Path]:
     """``messages.jsonl`` and ``prompt_response.jsonl`` with the same pairs; reused when present."""
+    from primus.data.tiny_assets import BUILD_WAIT_S
+    from primus.runtime.locks import exclusive
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"messages": out_dir / "messages.jsonl", "prompt_response": out_dir / "prompt_response.jsonl"}
     if all(f.exists() for f in files.values()):
         return files
-    pairs = tiny_instructions(n, seed)
-    lines = {
-        "messages": [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-                     for q, a in pairs],
-        "prompt_response": [{"prompt": q, "response": a} for q, a in pairs],
-    }
-    for name, file in files.items():
-        tmp = file.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in lines[name]), encoding="utf-8")
-        tmp.replace(file)
+    with exclusive(out_dir / ".build.lock", what=f"the tiny instruction set {out_dir}", wait_s=BUILD_WAIT_S):
+        if all(f.exists() for f in files.values()):  # another process built it while we waited
+            return files
+        pairs = tiny_instructions(n, seed)
+        lines = {
+            "messages": [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+                         for q, a in pairs],
+            "prompt_response": [{"prompt": q, "response": a} for q, a in pairs],
+        }
+        for name, file in files.items():
+            tmp = file.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in lines[name]), encoding="utf-8")
+            tmp.replace(file)
     return files

@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
+from primus.config.errors import ConfigError
 from primus.data.sft import Format, SFTDataSpec, SFTSequences, build_splits, describe, load_tokenizer
 
 
@@ -83,7 +84,7 @@ class SFTDataLoader(ParallelAwareDataloader):
         train, valid = _splits(config.spec(), getattr(tokenizer, "tokenizer_path"), seq_len)
         sequences = train if config.split == "train" else valid
         if sequences is None:
-            raise ValueError("SFT validation needs held-out data: set dataloader.valid_fraction > 0 or "
+            raise ConfigError("SFT validation needs held-out data: set dataloader.valid_fraction > 0 or "
                              "dataloader.valid_dataset_path")
         super().__init__(SFTIterable(sequences, dp_rank, dp_world_size, config.infinite), dp_rank=dp_rank,
                          dp_world_size=dp_world_size, num_workers=config.num_workers,

@@ -63,16 +63,29 @@ def tiny_assets_dir(params: dict) -> Path | None:
     return Path(value).expanduser().absolute() if value else None
 
 
+BUILD_WAIT_S = 900.0  # another process building the same cache: wait this long for it
+
+
 def ensure_tiny_assets(root: Path, n_docs: int = 2000) -> dict[str, Path]:
-    """Create ``root/tokenizer`` and ``root/corpus/data.jsonl`` once; reuse them afterwards."""
+    """Create ``root/tokenizer`` and ``root/corpus/data.jsonl`` once; reuse them afterwards. Two
+    experiments building one fresh cache at once: the second waits for the first (a lock)."""
+    from primus.runtime.locks import exclusive
+
     root = Path(root)
     tokenizer_dir, corpus_dir = root / "tokenizer", root / "corpus"
     corpus_file = corpus_dir / "data.jsonl"
-    if not (tokenizer_dir / "tokenizer.json").exists() or not corpus_file.exists():
-        texts = tiny_corpus(n_docs)
-        corpus_dir.mkdir(parents=True, exist_ok=True)
-        tmp = corpus_file.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-        build_tokenizer(texts, tokenizer_dir)
-        tmp.replace(corpus_file)
+
+    def built() -> bool:
+        return (tokenizer_dir / "tokenizer.json").exists() and corpus_file.exists()
+
+    if not built():
+        root.mkdir(parents=True, exist_ok=True)
+        with exclusive(root / ".build.lock", what=f"the tiny assets {root}", wait_s=BUILD_WAIT_S):
+            if not built():
+                texts = tiny_corpus(n_docs)
+                corpus_dir.mkdir(parents=True, exist_ok=True)
+                tmp = corpus_file.with_suffix(".tmp")
+                tmp.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+                build_tokenizer(texts, tokenizer_dir)
+                tmp.replace(corpus_file)  # last: its presence says the cache is whole
     return {"tokenizer": tokenizer_dir, "corpus": corpus_dir, "corpus_file": corpus_file}

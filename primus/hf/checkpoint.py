@@ -7,6 +7,7 @@ only the tensors its shard needs.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,6 +125,21 @@ def check_against_spec(checkpoint: HFCheckpoint, spec: ModelSpec, where: str) ->
                           f"has no place in the model ({len(extra)} such tensors)")
 
 
+def _save(save_file, tensors: dict[str, Any], path: Path) -> None:
+    """safetensors' ``save_file``; its I/O failures (a full disk) raised as the ``OSError`` they are."""
+    import re
+
+    from safetensors import SafetensorError
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
+
+
 def save_hf_checkpoint(out_dir: str | Path, tensors: dict[str, Any], config: dict[str, Any], *,
                        tokenizer_from: str | Path | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write ``config.json``, ``model.safetensors`` (or shards + index) and the tokenizer files."""
@@ -141,12 +157,12 @@ def save_hf_checkpoint(out_dir: str | Path, tensors: dict[str, Any], config: dic
             size = 0
         shards[-1][name], size = tensor, size + nbytes
     if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        _save(save_file, shards[0], out / "model.safetensors")
     else:
         weight_map = {}
         for i, shard in enumerate(shards, 1):
             file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / file), metadata={"format": "pt"})
+            _save(save_file, shard, out / file)
             weight_map.update(dict.fromkeys(shard, file))
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         (out / "model.safetensors.index.json").write_text(json.dumps(

@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from primus.config.errors import ConfigError
+from primus.hf.export_target import check_target, claimed, write_atomically
 from primus.plan.model import ModelSpec
+from primus.runtime.checkpoints import pick_checkpoint
+
+Warn = Callable[[str], None]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -29,15 +33,6 @@ class Exported:
     checkpoint: Path
     step: int
     tensors: int
-
-
-def _module(tree: dict[str, Any], name: str | None) -> tuple[str, dict[str, Any]]:
-    modules = tree.get("modules") or {}
-    if name is None:
-        name = "pre_trainer" if "pre_trainer" in modules else next(iter(modules), None)
-    if name not in modules:
-        raise ConfigError(f"--module {name}: no such module in the run (modules: {', '.join(modules)})")
-    return name, modules[name]
 
 
 def read_dcp_tensors(path: Path, select: Callable[[str], bool]) -> dict[str, Any]:
@@ -60,17 +55,6 @@ def read_dcp_tensors(path: Path, select: Callable[[str], bool]) -> dict[str, Any
     return state
 
 
-def _pick_step(steps: dict[int, Path], step: int | None, root: Path) -> tuple[int, Path]:
-    if not steps:
-        raise ConfigError(f"{root}: no checkpoint in this run (was checkpointing on?)")
-    if step is None:
-        step = max(steps)
-    if step not in steps:
-        raise ConfigError(f"--step {step}: no checkpoint of that step under {root} (steps: "
-                          f"{', '.join(map(str, sorted(steps)))})")
-    return step, steps[step]
-
-
 # -- Megatron ------------------------------------------------------------------------------------
 def _plan(framework: str, run_dir: Path, name: str, section: dict[str, Any]):
     """The run's own plan, rebuilt from its resolved config (as each of its workers did)."""
@@ -82,20 +66,17 @@ def _plan(framework: str, run_dir: Path, name: str, section: dict[str, Any]):
     return adapter.plan(module, None, run_dir=run_dir, device="cpu")
 
 
-def _megatron(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
+def _megatron(run_dir: Path, name: str, section: dict[str, Any], step: int | None, warn: Warn):
     """Megatron torch_dist: its tensors have the layout-free keys and global shapes of ``primus.hf.megatron``."""
     from primus.hf.megatron import megatron_to_hf
 
     plan = _plan("megatron", run_dir, name, section)
-    root = plan.checkpoint.directory
-    steps = {int(m.group(1)): p for p in root.glob("iter_*") if (m := re.fullmatch(r"iter_(\d+)", p.name))
-             and (p / "metadata.json").exists()}
+    step, path = pick_checkpoint(plan.checkpoint.directory, "megatron", step, warn=warn)
     from primus.backends.megatron.legacy_checkpoint import is_legacy
 
-    if not steps and any(is_legacy(p) for p in root.glob("iter_*")):
-        raise ConfigError(f"{root}: the run saved Megatron-LM's legacy layout (ckpt_format: torch); export reads "
-                          "torch_dist checkpoints (resume the run for a step with ckpt_format: torch_dist)")
-    step, path = _pick_step(steps, step, root)
+    if is_legacy(path):
+        raise ConfigError(f"{path}: Megatron-LM's legacy layout (ckpt_format: torch); export reads torch_dist "
+                          "checkpoints (resume the run for a step with ckpt_format: torch_dist)")
     source, spec = None, plan.model
     if plan.checkpoint.format == "hf":  # the HF model it started from: its config and unpadded vocabulary
         from primus.hf.config import model_spec_from_hf, read_config
@@ -115,13 +96,10 @@ def _megatron(run_dir: Path, name: str, section: dict[str, Any], step: int | Non
 _TORCHTITAN_STATE = ("optimizer", "lr_scheduler", "dataloader", "train_state")
 
 
-def _torchtitan(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
+def _torchtitan(run_dir: Path, name: str, section: dict[str, Any], step: int | None, warn: Warn):
     """Through the run's own plan: the model TorchTitan built and its own state-dict adapter's ``to_hf``."""
     plan = _plan("torchtitan", run_dir, name, section)
-    root = plan.checkpoint.directory
-    steps = {int(m.group(1)): p for p in root.glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name))
-             and (p / ".metadata").exists()}
-    step, path = _pick_step(steps, step, root)
+    step, path = pick_checkpoint(plan.checkpoint.directory, "torchtitan", step, warn=warn)
     titan = plan.engine_config.model_spec
     if titan.state_dict_adapter is None:
         raise ConfigError(f"{run_dir}: TorchTitan's {titan.name} model has no Hugging Face state-dict adapter")
@@ -156,7 +134,7 @@ def merge_lora(base: dict[str, Any], adapter_dir: Path) -> dict[str, Any]:
     return merged
 
 
-def _automodel(run_dir: Path, name: str, section: dict[str, Any], step: int | None):
+def _automodel(run_dir: Path, name: str, section: dict[str, Any], step: int | None, warn: Warn):
     """AutoModel's LLM recipe: a PEFT adapter merged into its base model, or its consolidated weights."""
     from primus.hf.checkpoint import HFCheckpoint
     from primus.hf.config import model_spec_from_hf
@@ -170,7 +148,13 @@ def _automodel(run_dir: Path, name: str, section: dict[str, Any], step: int | No
     root = plan.checkpoint.directory
     steps = {int(m.group(1)) + 1: p / "model" for p in root.glob("epoch_*_step_*")
              if (m := re.fullmatch(r"epoch_\d+_step_(\d+)", p.name)) and (p / "model").is_dir()}
-    step, path = _pick_step(steps, step, root)
+    if not steps:
+        raise ConfigError(f"{root}: no checkpoint in this run (was checkpointing on?)")
+    step = max(steps) if step is None else step
+    if step not in steps:
+        raise ConfigError(f"--step {step}: no checkpoint of that step under {root} (steps: "
+                          f"{', '.join(map(str, sorted(steps)))})")
+    path = steps[step]
     base = HFCheckpoint(source)
     spec = model_spec_from_hf(base.config)
     if (path / "adapter_model.safetensors").exists():
@@ -211,24 +195,36 @@ def _config(source: Path | None, spec: ModelSpec, dtype: str, tokenizer: str | N
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None, module: str | None = None,
-               dtype: str | None = None) -> Exported:
-    """Write the run's checkpoint (latest, or ``step``) as a HF model folder ``out_dir`` (new or empty)."""
-    import torch
-
-    from primus.hf.checkpoint import expected_shapes, save_hf_checkpoint
+               dtype: str | None = None, warn: Warn | None = None) -> Exported:
+    """Write the run's checkpoint (latest whole one, or ``step``) as a HF model folder ``out_dir``
+    (new or empty), atomically; a damaged newer checkpoint is skipped with ``warn``."""
     from primus.runtime.rundir import RunDir
 
-    run_dir, out = Path(run_dir).expanduser().absolute(), Path(out_dir).expanduser().absolute()
-    if not RunDir(run_dir).config.is_file():
-        raise ConfigError(f"{run_dir}: not a Primus run directory (no {RunDir.CONFIG})")
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out}: exists and is not empty; export never overwrites (choose a new folder)")
-    name, section = _module(RunDir(run_dir).read_config(), module)
-    framework = section.get("framework")
+    out = check_target(out_dir)  # before anything is read: a bad OUT_DIR costs nothing
+    if step is not None and step < 0:
+        raise ConfigError(f"--step {step}: a step is ≥ 0")
+    run_dir = Path(run_dir).expanduser().absolute()
+    name, section = RunDir(run_dir).read_module(module)
+    framework = section["framework"]
     if framework not in EXPORTERS:
         raise ConfigError(f"{run_dir}: export from a {framework!r} run is not supported "
                           f"(supported: {', '.join(EXPORTERS)})")
-    hf, spec, source, tokenizer, path, step = EXPORTERS[framework](run_dir, name, section, step)
+    with claimed(out):
+        hf, spec, source, tokenizer, path, step = EXPORTERS[framework](run_dir, name, section, step, warn)
+        hf, config = _as_hf_model(hf, spec, source, tokenizer, path, dtype)
+        from primus.hf.checkpoint import save_hf_checkpoint
+
+        write_atomically(out, lambda folder: save_hf_checkpoint(folder, hf, config, tokenizer_from=source or tokenizer))
+    return Exported(out, path, step, len(hf))
+
+
+def _as_hf_model(hf: dict[str, Any], spec: ModelSpec, source: Path | None, tokenizer: str | None, path: Path,
+                 dtype: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tensors a HF model of ``spec`` holds (cast to ``dtype``) and its ``config.json``."""
+    import torch
+
+    from primus.hf.checkpoint import expected_shapes
+
     expected = expected_shapes(spec)
     missing = sorted(set(expected) - set(hf))
     if missing:
@@ -237,6 +233,4 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
     if dtype is not None:
         hf = {k: v.to(getattr(torch, dtype)) for k, v in hf.items()}
     stored = str(next(iter(hf.values())).dtype).removeprefix("torch.")
-    config = _config(source, spec, stored, tokenizer)
-    save_hf_checkpoint(out, hf, config, tokenizer_from=source or tokenizer)
-    return Exported(out, path, step, len(hf))
+    return hf, _config(source, spec, stored, tokenizer)

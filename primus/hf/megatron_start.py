@@ -113,7 +113,11 @@ def strip_post_training(params: dict[str, Any], derived: list | None = None, *, 
         from primus.hf.config import model_spec_from_hf, read_config
 
         hf_dir = Path(keys.hf_path).expanduser()
-        if params.get("model") is None and not any(params.get(k) for k in _SHAPE_KEYS):
+        if network_from_hub(params, keys.hf_path):
+            params.update(provisional_network(params))
+            note(("model", "read when the run starts", f"from {keys.hf_path}'s config.json on the Hugging Face Hub "
+                  "(validate, plan and --dry-run check the layout, not the network)"))
+        elif params.get("model") is None and not any(params.get(k) for k in _SHAPE_KEYS):
             if not (hf_dir / "config.json").is_file() and tiny_root is not None \
                     and hf_dir.absolute().is_relative_to(tiny_root):
                 from primus.hf.tiny import ensure_tiny_sft_assets
@@ -133,6 +137,29 @@ def strip_post_training(params: dict[str, Any], derived: list | None = None, *, 
         params["mock_data"] = True  # nothing reads it: the SFT datasets replace build_datasets
         note(("pretraining data", "none", "stage sft reads sft_dataset_name"))
     return params
+
+
+def network_from_hub(params: dict[str, Any], hf_path: str | None = None) -> bool:
+    """True when the network is known only from a Hub model's config.json, fetched when the run starts
+    (``hf_path`` a Hub id, no ``model:`` preset nor shape keys): nothing before the run can describe it."""
+    from primus.compat.hub import is_hub_id
+
+    hf_path = params.get("hf_path") if hf_path is None else hf_path
+    return is_hub_id(hf_path) and params.get("model") is None and not any(params.get(k) for k in _SHAPE_KEYS)
+
+
+def provisional_network(params: dict[str, Any]) -> dict[str, Any]:
+    """Shape arguments that only let Megatron-LM's argument checks run before the network is known:
+    every split the layout asks for divides them (heads and groups by TP, layers by PP and virtual
+    stages), so what is checked is the layout itself. The plan shows no model for them (no estimate);
+    the run re-plans with the real config.json, fetched first."""
+    tp = int(params.get("tensor_model_parallel_size") or 1)
+    pp = int(params.get("pipeline_model_parallel_size") or 1)
+    vpp = int(params.get("num_virtual_stages_per_pipeline_rank") or params.get("virtual_pipeline_model_parallel_size")
+              or 1)
+    heads = 8 * tp
+    return {"num_layers": pp * vpp, "hidden_size": 64 * heads, "num_attention_heads": heads,
+            "num_query_groups": tp, "group_query_attention": True, "ffn_hidden_size": 256 * heads, "vocab_size": 32000}
 
 
 def post_training(params: dict[str, Any], stage: str, *, prefix: str = "modules.pre_trainer",
@@ -187,16 +214,18 @@ def check_post_training_inputs(plan, *, provenance=None) -> None:
     from primus.compat.hub import is_hub_id
 
     if post.sft is not None:
-        from primus.data.sft import jsonl_files
+        from primus.data.sft import jsonl_files, record_files
 
         for key, path in (("sft_dataset_name", post.sft.path), ("sft_valid_dataset_name", post.sft.valid_path)):
             if path is None or is_hub_id(path):  # a Hub dataset: fetched when the run starts
                 continue
+            where = f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
+            if not Path(path).expanduser().exists():
+                raise ConfigError(f"{where}{prefix}.{key}: {path} does not exist (a .jsonl file or a folder of them)")
             try:
-                jsonl_files(path)
-            except ConfigError:
-                where = f"{provenance.describe(f'{prefix}.{key}')}: " if provenance is not None else ""
-                raise ConfigError(f"{where}{prefix}.{key}: {path} does not exist (a .jsonl file or a folder of them)") from None
+                jsonl_files(path) if key == "sft_dataset_name" else record_files(path)
+            except ConfigError as exc:  # a folder without training records: say what it holds
+                raise ConfigError(f"{where}{prefix}.{key}: {exc}") from None
     if post.hf_path is None or isinstance(post.hf_path, str):  # a Hub id: checked once fetched, before training
         return
     from primus.hf.checkpoint import HFCheckpoint, check_against_spec

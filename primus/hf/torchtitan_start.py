@@ -104,10 +104,17 @@ def check_inputs(plan, *, provenance=None) -> None:
         return f"{provenance.describe(full)}: {full}" if provenance is not None else full
 
     if module.stage == "sft":
+        from primus.data.sft import jsonl_files, record_files
+
         for key in ("dataset_path", "valid_dataset_path"):
             path = getattr(cfg.dataloader, key, None)
             if path and not Path(path).expanduser().exists():
                 raise ConfigError(f"{where('dataloader.' + key)}: {path} does not exist")
+            try:
+                if path:
+                    jsonl_files(path) if key == "dataset_path" else record_files(path)
+            except ConfigError as exc:  # a folder without training records: say what it holds
+                raise ConfigError(f"{where('dataloader.' + key)}: {exc}") from None
     if plan.checkpoint.format != "hf":
         return
     from primus.hf.checkpoint import HFCheckpoint, check_against_spec

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from primus.config.errors import ConfigError, did_you_mean
 from primus.config.provenance import Provenance, merge_layer
 from primus.config.schema import validate_model
+from primus.config.values import MAX_COUNT, parse_count
 from primus.config.yaml_source import Layer, load_yaml_layer
 
 USER_FILE = "~/.primus.yaml"
@@ -191,10 +192,12 @@ def load_launcher_config(cli: dict[str, Any] | None = None, *, project_file: str
     return config, provenance
 
 
+_ENV_COUNTS = {"NNODES": (1, MAX_COUNT), "NODE_RANK": (0, MAX_COUNT), "GPUS_PER_NODE": (1, MAX_COUNT),
+               "MASTER_PORT": (1, 65535)}
+
+
 def _env_value(name: str, text: str) -> Any:
-    if name in ("NNODES", "NODE_RANK", "GPUS_PER_NODE", "MASTER_PORT"):
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"${name}={text!r}: expected an integer") from None
+    if name in _ENV_COUNTS:
+        minimum, maximum = _ENV_COUNTS[name]
+        return parse_count(text, f"${name}", minimum=minimum, maximum=maximum)
     return text

@@ -14,7 +14,7 @@ import shutil
 import sys
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,8 @@ from primus.launch.plan import LaunchPlan
 from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
 from primus.runtime.checkpoints import newest_usable
 from primus.runtime.context import host_device
+from primus.runtime.goodput import line as goodput_line
+from primus.runtime.hangs import HangWatch
 from primus.runtime.registry import get_adapter
 from primus.runtime.rundir import INTERRUPTED, ExitCode, RunDir
 from primus.runtime.train import hand_over_plan
@@ -194,7 +196,7 @@ def _join_as_other_node(job: Job, resume: str) -> Iterator[None]:
 def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
     """This node's workers, the peers lost meanwhile, and the preemption marker read."""
     try:
-        with PeerWatch(job.run_dir, job.plan) as peers:  # multi-node: name a lost peer on failure
+        with PeerWatch(job.run_dir, job.plan) as peers, _hang_watch(job):  # name a lost peer, a hung rank
             if job.plan.in_process:  # the worker runs in this process: it takes this plan, not a rebuilt one
                 hand_over_plan(job.run_dir.path, job.module.name, job.engine_plan)
             result = launch_workers(TRAIN_TARGET, job.run_dir.payload, job.plan)
@@ -205,6 +207,13 @@ def _launch(job: Job, stops: StopsRaise) -> LaunchResult:
     if exit_code == ExitCode.PREEMPTED:
         return LaunchResult(exit_code, [])
     return LaunchResult(exit_code, lost + result.failures)
+
+
+def _hang_watch(job: Job) -> HangWatch | nullcontext:
+    """Node 0 names the rank a hung job waits for, from every rank's watchdog dump (shared run dir)."""
+    if not job.plan.is_node_zero:
+        return nullcontext()
+    return HangWatch(job.run_dir.logs(job.module.name), job.plan.world_size, _say, job.run_dir.append_event)
 
 
 def _launcher_error(job: Job, exc: Exception) -> str:
@@ -225,6 +234,7 @@ def _record_end(run_dir: RunDir, exit_code: int, *, status: str | None = None, n
     """Manifest status and plot; a full or read-only disk is reported, never masks the run's own error."""
     try:
         run_dir.finish_attempt(exit_code, status, note)
+        _say(goodput_line(run_dir.record_goodput()))  # every attempt's end: the run's goodput so far
         if plot:
             from primus.runtime.plot import plot_metrics
 

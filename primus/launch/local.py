@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from primus.config.errors import USER_ERROR_EXIT
 from primus.launch.plan import LaunchPlan
 from primus.runtime.rundir import stop_after_write
 
@@ -168,5 +169,7 @@ def _torchrun(plan: LaunchPlan, target: str, payload_path: Path) -> LaunchResult
             role = "first failure" if position == 0 else "then"
             lines.append(f"{role}: rank {global_rank} (local {failure.local_rank}) on {host}: {cause}"
                          + (f": {summary}" if summary else ""))
-        return LaunchResult(1, lines)
+        # the first failure refused the user's input (exit 2, its one line in the rank's log): so does the job
+        root_cause = ordered[0][1].exitcode
+        return LaunchResult(USER_ERROR_EXIT if root_cause == USER_ERROR_EXIT else 1, lines)
     return LaunchResult(0, [])

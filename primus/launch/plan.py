@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from primus.config.errors import ConfigError
+from primus.config.values import env_count
 from primus.launch.config import LauncherConfig
 
 WORKER_MODULE = "primus.runtime.worker"
@@ -57,11 +58,11 @@ class LaunchPlan:
                  master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0) -> "LaunchPlan":
         env = os.environ
         return cls(
-            nproc_per_node=nproc_per_node or int(env.get("GPUS_PER_NODE", "1")),
-            nnodes=nnodes or int(env.get("NNODES", "1")),
-            node_rank=node_rank if node_rank is not None else int(env.get("NODE_RANK", "0")),
+            nproc_per_node=nproc_per_node or env_count("GPUS_PER_NODE") or 1,
+            nnodes=nnodes or env_count("NNODES") or 1,
+            node_rank=node_rank if node_rank is not None else env_count("NODE_RANK", minimum=0) or 0,
             master_addr=master_addr or env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=master_port or (int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None),
+            master_port=master_port or env_count("MASTER_PORT"),
             max_restarts=max_restarts,
         )
 

@@ -27,13 +27,38 @@ class LayoutIssue:
 LAYOUT_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 
 
-def parse_pipeline_layout(text: str) -> list[str]:
+MAX_LAYOUT_CHARS = 2**16  # an expanded layout: a layer or a stage boundary per character
+
+
+def layout_bound(layers: int | None) -> int:
+    """The longest expanded layout that can describe ``layers`` layers (E, L, MTP included): each
+    layer char may open a stage, plus room for empty virtual stages; the global cap without a count."""
+    return MAX_LAYOUT_CHARS if not layers else min(MAX_LAYOUT_CHARS, 4 * (layers + 2) + 256)
+
+
+def _expand(text: str, pattern: str, limit: int, original: str) -> str:
+    """``re.sub`` of one repetition pattern, the result's length checked *before* it is built."""
+    size = len(text)
+    for match in re.finditer(pattern, text):
+        count = int(match.group(2)) if len(match.group(2)) <= 12 else limit + 1  # no 5000-digit int()
+        size += len(match.group(1)) * count - len(match.group(0))
+        if size > limit:
+            raise ConfigError(f"pipeline layout '{original[:60]}': '{match.group(0)[:40]}' expands it to more than "
+                              f"{limit} layers and stage boundaries; the model has far fewer")
+    return re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), text)
+
+
+def parse_pipeline_layout(text: str, layers: int | None = None) -> list[str]:
     """Megatron's ``pipeline_model_parallel_layout`` string as its stages, each a string of E/t/m/L
     (megatron-core's ``PipelineParallelLayerLayout.parse_str_to_list``: commas are cosmetic,
-    ``(ab|)*n`` and ``x*n`` repeat). Stage i runs on pipeline rank i % pp (virtual stage i // pp)."""
-    flat = str(text).replace(",", "")
+    ``(ab|)*n`` and ``x*n`` repeat). Stage i runs on pipeline rank i % pp (virtual stage i // pp).
+    The expansion is capped by the model's ``layers`` (``layout_bound``) before it is built:
+    ``t*99999999999`` is one error line, not an exhausted memory."""
+    flat, limit = str(text).replace(",", ""), layout_bound(layers)
+    if len(flat) > limit:
+        raise ConfigError(f"pipeline layout '{flat[:60]}...': {len(flat)} characters, more than {limit}")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        flat = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), flat)
+        flat = _expand(flat, pattern, limit, str(text))
     stages = flat.split("|")
     unknown = sorted(set("".join(stages)) - set(LAYOUT_CHARS))
     if unknown:

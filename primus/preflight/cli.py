@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from primus.config.errors import ConfigError
+from primus.config.values import seconds_flag
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pre.add_argument("--checks", help="comma list: environment,host,accelerators,network,connectivity,experiment")
     pre.add_argument("--tests", help="comma list: gemm,membw,allreduce,allgather,reducescatter,alltoall,sendrecv")
     pre.add_argument("--sizes", help="collective message sizes, e.g. 64K,1M,16M")
-    pre.add_argument("--timeout", type=float, default=60.0, help="seconds for every rank to join (default 60)")
+    pre.add_argument("--timeout", type=seconds_flag, default=60.0, help="seconds for every rank to join (default 60)")
     pre.add_argument("--report-dir", help="where rank 0 writes the report (default output/preflight/<time>)")
     pre.add_argument("--thresholds", help="YAML overriding primus/preflight/thresholds.yaml")
     pre.add_argument("--module", help="module of EXP to check (default: pre_trainer)")

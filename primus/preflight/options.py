@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from primus.config.errors import ConfigError, did_you_mean
+from primus.config.values import check_output_folder, parse_seconds
 from primus.preflight.checks import ALL_CHECKS
 from primus.preflight.perf import ALL_TESTS
 
@@ -62,9 +63,8 @@ class PreflightOptions:
         if self.sizes is not None:
             items = self.sizes.split(",") if isinstance(self.sizes, str) else self.sizes
             self.sizes = [parse_size(s) for s in items if str(s).strip()]
-        if not self.timeout or self.timeout <= 0:
-            raise ConfigError(f"--timeout must be a positive number of seconds, got {self.timeout!r}")
-        self.timeout = float(self.timeout)
+        self.timeout = parse_seconds(self.timeout, "--timeout")
+        check_output_folder(self.report_dir, "--report-dir")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PreflightOptions":

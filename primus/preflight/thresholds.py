@@ -6,6 +6,7 @@ type are a ``ConfigError`` (one line, exit 2), as everywhere else in Primus.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,19 @@ import yaml
 from primus.config.errors import ConfigError, did_you_mean
 
 DEFAULTS_PATH = Path(__file__).with_name("thresholds.yaml")
+
+
+def _check_range(dotted: str, value: float) -> None:
+    """A share (``*_fraction``) lies in [0, 1]; a minimum is ≥ 0; an expected figure is > 0; all finite."""
+    name = dotted.rsplit(".", 1)[-1]
+    if name.endswith("_fraction"):
+        low, high, what = 0.0, 1.0, "a share between 0 and 1"
+    elif name.startswith("min_"):
+        low, high, what = 0.0, 1e15, "a finite number ≥ 0"
+    else:
+        low, high, what = 1e-12, 1e15, "a finite number > 0"
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(f"threshold '{dotted}' must be {what}, got {value!r}")
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any], where: str) -> dict[str, Any]:
@@ -34,6 +48,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any], where: str) -> dict[s
         elif isinstance(default, (int, float)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"threshold '{dotted}' must be a number, got {value!r}")
+            _check_range(dotted, value)
             merged[key] = type(default)(value) if isinstance(default, float) else value
         elif isinstance(default, list):
             if not isinstance(value, list):

@@ -11,5 +11,6 @@ parser.add_argument("extra", help="core, or a backend's extra (torchtitan, megat
 parser.add_argument("--dry-run", action="store_true")
 parser.add_argument("--force", action="store_true")
 parser.add_argument("--quiet", action="store_true")
+parser.add_argument("--with-te", action="store_true", help="megatron: Transformer Engine for the installed torch")
 args = parser.parse_args()
-sys.exit(prepare(args.extra, dry_run=args.dry_run, force=args.force, quiet=args.quiet))
+sys.exit(prepare(args.extra, dry_run=args.dry_run, force=args.force, quiet=args.quiet, with_te=args.with_te))

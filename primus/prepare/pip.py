@@ -13,6 +13,7 @@ the same file. Nothing here imports pydantic or an engine (``primus --help`` lis
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -104,28 +105,42 @@ def pip_commands(p: Plan, constraint_file: Path, python: str = sys.executable, q
     return commands
 
 
-def prepare(extra: str, *, dry_run: bool = False, force: bool = False, quiet: bool = False, out=print) -> int:
-    """Install ``extra``'s pinned stack under a constraint freezing the installed torch family."""
+def prepare(extra: str, *, dry_run: bool = False, force: bool = False, quiet: bool = False, with_te: bool = False,
+            out=print) -> int:
+    """Install ``extra``'s pinned stack under a constraint freezing the installed torch family; with
+    ``with_te`` (the megatron extra), Transformer Engine for the installed torch too (``te.py``)."""
     p = plan(extra)
+    te = None
+    if with_te:
+        te = _te_install(extra)
+        if isinstance(te, str):
+            print(f"primus: error: prepare {extra} --with-te: {te}", file=sys.stderr)
+            return 2
     todo = missing(p)
-    if not todo and not force:
+    te_todo = te is not None and (force or not te.done())
+    if not todo and not te_todo and not force:
         out(f"primus prepare {extra}: already installed at the pinned versions, nothing to do")
         return 0
     with tempfile.TemporaryDirectory(prefix="primus-prepare-") as tmp:
         constraint = Path(tmp) / "constraints.txt"
         constraint.write_text("".join(f"{line}\n" for line in p.frozen))
-        commands = pip_commands(p, constraint, quiet=quiet)
+        commands = [(command, {}) for command in pip_commands(p, constraint, quiet=quiet)] if todo or force else []
+        if te_todo:
+            commands.append((te.command(sys.executable, str(constraint), quiet=quiet), te.env))
         if dry_run:
-            out(f"# to install: {', '.join(f'{k} ({v})' for k, v in sorted(todo.items())) or 'nothing (forced)'}")
+            pending = [f"{k} ({v})" for k, v in sorted(todo.items())]
+            if te_todo:
+                pending.append(f"Transformer Engine ({te.build} build: {te.requirement})")
+            out(f"# to install: {', '.join(pending) or 'nothing (forced)'}")
             out(f"# constraint file {constraint} (keeps the installed torch family):")
             for line in p.frozen or ["(no torch installed: nothing to freeze)"]:
                 out(f"#   {line}")
-            for command in commands:
-                out(" ".join(command))
+            for command, env in commands:
+                out(_shell_line(command, env))
             return 0
-        for command in commands:
-            out("+ " + " ".join(command))
-            rc = subprocess.call(command)
+        for command, env in commands:
+            out("+ " + _shell_line(command, env))
+            rc = subprocess.call(command, env={**os.environ, **env} if env else None)
             if rc:
                 return rc
     changed = [line for line in p.frozen if line not in frozen_pins()]
@@ -134,3 +149,27 @@ def prepare(extra: str, *, dry_run: bool = False, force: bool = False, quiet: bo
         return 1
     out(f"primus prepare {extra}: done")
     return 0
+
+
+def _shell_line(command: list[str], env: dict[str, str]) -> str:
+    """A command as printed: its build environment in front, quoted where the shell needs it."""
+    if not env:
+        return " ".join(command)
+    import shlex
+
+    return shlex.join([f"{key}={value}" for key, value in env.items()] + command)
+
+
+def _te_install(extra: str):
+    """The Transformer Engine install for this torch, or the one-line reason there is none."""
+    from primus.prepare.te import NoTransformerEngine, installed_torch, te_install
+
+    if extra != "megatron":
+        return "Transformer Engine is the Megatron backend's (primus prepare megatron --with-te)"
+    torch = installed_torch()
+    if torch is None:
+        return "no torch is installed (Transformer Engine is built against the image's CUDA or ROCm torch)"
+    try:
+        return te_install(*torch)
+    except NoTransformerEngine as exc:
+        return str(exc)

@@ -57,7 +57,7 @@ def _unfinished(path: Path) -> str | None:
             return f"{tracker} does not name {path.name} or a later iteration (the save did not finish)"
         return None
     metadata = path / ".metadata"
-    return None if metadata.is_file() else f"{metadata} is missing (the save did not finish)"
+    return None if metadata.exists() else f"{metadata} is missing (the save did not finish)"
 
 
 def _archive_problem(file: Path) -> str | None:
@@ -94,14 +94,32 @@ def _legacy_problem(path: Path) -> str | None:
     return None
 
 
-def problem_of(path: Path) -> str | None:
-    """None when the checkpoint directory is whole; else what is wrong, naming the bad file."""
+def _foreign(path: Path, layout: str | None) -> str | None:
+    """A Megatron checkpoint under TorchTitan's name (``step-N`` holding torch_dist's side files):
+    whole, but not TorchTitan's. (The reverse cannot be told by its files: Megatron's
+    ``fsdp_dtensor`` format is a plain DCP directory too; the resume shape check names it.)"""
+    if layout == "torchtitan" and ((path / "metadata.json").exists() or (path / "common.pt").exists()):
+        return f"{path} holds a Megatron checkpoint (metadata.json, common.pt), not TorchTitan's"
+    return None
+
+
+def problem_of(path: Path, layout: str | None = None) -> str | None:
+    """None when the checkpoint directory is whole (and, given ``layout``, that engine's);
+    else what is wrong, naming the bad file."""
     metadata = path / ".metadata"
     unfinished = _unfinished(path)
     if unfinished:
         return unfinished
+    layout = layout or next((name for name, pattern in LAYOUTS.items() if pattern.match(path.name)), None)
     if _legacy_rank_dirs(path):
+        if layout == "torchtitan":
+            return f"{path} holds a Megatron-LM legacy checkpoint (mp_rank_* folders), not TorchTitan's"
         return _legacy_problem(path)
+    if not metadata.is_file():
+        return f"{metadata} is not a file"
+    foreign = _foreign(path, layout)
+    if foreign:
+        return foreign
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
@@ -133,9 +151,13 @@ def problem_of(path: Path) -> str | None:
 
 
 def checkpoints_in(root: Path, layout: str | None = None) -> list[tuple[int, Path]]:
-    """(step, directory) of every checkpoint directory under ``root``, newest first."""
+    """(step, directory) of every checkpoint directory under ``root``, newest first. ``root``
+    present but not a folder is refused (the engine could neither read nor save there)."""
     patterns = [LAYOUTS[layout]] if layout else list(LAYOUTS.values())
     found = []
+    if Path(root).exists() and not Path(root).is_dir():
+        raise UnusableCheckpoint(f"{root} is not a folder: move it away (checkpoints are saved in a folder of "
+                                 "that name)")
     if Path(root).is_dir():
         for child in Path(root).iterdir():
             for pattern in patterns:
@@ -165,7 +187,7 @@ def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None 
     skipped: list[str] = []  # problems of the newer checkpoints, newest first
     damaged: list[tuple[Path, str]] = []  # those that finished saving and are broken since
     for step, path in candidates:
-        problem = problem_of(path)
+        problem = problem_of(path, layout)
         if problem is None:
             for line in skipped:
                 warn(f"checkpoint not usable, skipped: {line}; resuming from {path} instead (nothing was deleted)")
@@ -183,3 +205,84 @@ def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None 
     for line in skipped:
         warn(f"checkpoint not usable, skipped: {line}; starting from scratch (nothing was deleted)")
     return None
+
+
+def pick_checkpoint(root: Path, layout: str, step: int | None = None, *,
+                    warn: Callable[[str], None] | None = None) -> tuple[int, Path]:
+    """The checkpoint to read (``primus export``): ``step``, which must be whole, or else the newest
+    whole one, each newer damaged one named in a warning. Nothing is moved or deleted."""
+    warn = warn or logger.warning
+    found = checkpoints_in(root, layout)
+    if not found:
+        raise ConfigError(f"{root}: no checkpoint in this run (was checkpointing on?)")
+    if step is not None:
+        path = dict(found).get(step)
+        if path is None:
+            raise ConfigError(f"--step {step}: no checkpoint of that step under {root} (steps: "
+                              f"{', '.join(str(s) for s, _ in reversed(found))})")
+        problem = problem_of(path, layout)
+        if problem:
+            raise UnusableCheckpoint(f"--step {step}: {problem}")
+        return step, path
+    skipped: list[str] = []
+    for newest, path in found:
+        problem = problem_of(path, layout)
+        if problem is None:
+            for line in skipped:
+                warn(f"checkpoint not usable, skipped: {line}; using {path} (step {newest}) instead")
+            return newest, path
+        skipped.append(problem)
+    raise UnusableCheckpoint(f"{root}: no usable checkpoint; the newest: {skipped[0]}")
+
+
+class CheckpointMismatch(ConfigError):
+    """A whole checkpoint whose tensors do not fit the model (another shape, another engine)."""
+
+
+def saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Global shape of every tensor a DCP checkpoint holds (TorchTitan's and Megatron's torch_dist
+    ``.metadata`` record them), without reading a shard."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(path)).read_metadata()
+    return {key: tuple(meta.size) for key, meta in metadata.state_dict_metadata.items()
+            if isinstance(meta, TensorStorageMetadata)}
+
+
+def gathered(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The union over every rank of the model's tensor shapes (a pipeline stage holds only its layers)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return shapes
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, shapes)
+    return {key: shape for part in everyone for key, shape in part.items()}
+
+
+def check_model_matches(path: Path, model: dict[str, tuple[int, ...]], is_model_key: Callable[[str], bool]) -> None:
+    """Refuse (one line, before any step) a checkpoint whose model tensors are not exactly the model's:
+    the first tensor, in the model's order, that the checkpoint lacks or holds in another shape, else
+    the first one the checkpoint holds that the model has no place for. ``model``: the whole model's
+    global shapes (``gathered``); ``is_model_key``: which checkpoint keys are the model's."""
+    saved = {key: shape for key, shape in saved_shapes(path).items() if is_model_key(key)}
+    problem = None
+    for key, shape in model.items():
+        if key not in saved:
+            problem = f"tensor {key} {_shape(shape)} of the model is not in the checkpoint"
+        elif saved[key] != tuple(shape):
+            problem = f"tensor {key} is {_shape(saved[key])} in the checkpoint, {_shape(shape)} in the model"
+        if problem:
+            break
+    if problem is None:
+        extra = next((key for key in saved if key not in model), None)
+        if extra is None:
+            return
+        problem = f"tensor {extra} {_shape(saved[extra])} of the checkpoint has no place in the model"
+    raise CheckpointMismatch(f"{path}: does not match the model: {problem}; refused before any step (resume with "
+                             "the settings it was trained with, or start a new exp_name)")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"

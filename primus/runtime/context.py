@@ -7,7 +7,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from primus.config.secrets import shown_value
 from primus.runtime.faults import maybe_inject
+from primus.runtime.instruments import Instruments
+from primus.runtime.phases import PhaseClock
 from primus.runtime.preemption import StopSignal
 from primus.runtime.metrics import EvalMetrics, EvalReport, MetricsReporter, StepMetrics, StepReport
 
@@ -42,7 +45,8 @@ class RunContext:
     stop: StopSignal = field(default_factory=StopSignal)
     stop_on_non_finite_loss: bool = True  # a backend turns it off when the user asked to continue
     save_last_checkpoint: bool = True  # primus.save_last_checkpoint (AMD Primus: disable_last_saving)
-
+    # the rank's phase clock, straggler report and watchdog (primus.runtime.instruments)
+    instruments: Instruments = field(default_factory=lambda: Instruments(PhaseClock(), None, None, 0))
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -60,7 +64,10 @@ class RunContext:
         """Record one optimizer step; raises ``NonFiniteLoss`` (on every rank: the loss and the grad
         norm are global) before the engine can checkpoint a NaN state. The values decide, never an
         engine's message."""
+        events = self.instruments.after_step(report.step, report.step_time_s)  # every rank: may gather
         metrics = self.reporter.report(report)
+        for event in events:
+            self.reporter.event(event)
         maybe_inject(self.rank, report.step)
         if self.stop_on_non_finite_loss:
             if not math.isfinite(metrics.loss):
@@ -73,10 +80,15 @@ class RunContext:
         """Record one validation pass (every rank calls it; rank 0's sinks write it)."""
         return self.reporter.report_eval(report)
 
+    def phase(self, name: str):
+        """``with ctx.phase("compute"):`` — where this rank's step time goes (``primus.runtime.phases``:
+        data, compute, optimizer, checkpoint, eval; communication is timed by Primus itself)."""
+        return self.instruments.clock.phase(name)
+
     def should_stop(self) -> bool:
         """Call at each step boundary: True (on all ranks) once SIGTERM asked for a graceful stop."""
         return self.stop.agreed(self.world_size)
 
     def log_derived(self, key: str, value: object, reason: str) -> None:
         """Settings the backend chose for the user are said once, never silently."""
-        self.logger.info("derived %s=%s (%s)", key, value, reason)
+        self.logger.info("derived %s=%s (%s)", key, shown_value(key, value), reason)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import resource
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,13 +55,14 @@ class StepMetrics:
     lr: float | None = None
     grad_norm: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    time: float | None = None  # when the step ended (Unix time): places it in the run's wall time (goodput)
     sample_hash: str | None = None
 
     def scalars(self) -> dict[str, float]:
-        """Every number of the record but the step, flat (``extra`` keys included), for trackers:
-        the same names as metrics.jsonl; fields without a value (None) are left out, not zeroed."""
+        """Every number of the record but the step and its time, flat (``extra`` keys included), for
+        trackers: the same names as metrics.jsonl; fields without a value (None) are left out, not zeroed."""
         out = {key: float(value) for key, value in vars(self).items()
-               if key not in ("step", "extra", "sample_hash") and value is not None}
+               if key not in ("step", "extra", "time", "sample_hash") and value is not None}
         out.update({key: float(value) for key, value in self.extra.items() if _is_number(value)})
         return out
 
@@ -117,9 +119,11 @@ def format_eval_line(m: EvalMetrics) -> str:
     return line if m.name == "valid" else f"{line} set={m.name}"
 
 
-def is_train_row(row: dict[str, Any]) -> bool:
-    """metrics.jsonl holds training steps and (``"kind": "eval"``) validation passes."""
-    return row.get("kind", "train") == "train"
+def is_step_row(row: dict[str, Any]) -> bool:
+    """metrics.jsonl holds one row per training step, validation passes (``"kind": "eval"``) and
+    event rows (``{"event": kind, ...}``: a straggler report, a hang, a worker's end, the goodput);
+    only step rows carry the training loss."""
+    return "event" not in row and row.get("kind", "train") == "train"
 
 
 def read_rows(path: Path, kind: str | None = "train") -> list[dict[str, Any]]:
@@ -129,7 +133,9 @@ def read_rows(path: Path, kind: str | None = "train") -> list[dict[str, Any]]:
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return rows if kind is None else [r for r in rows if r.get("kind", "train") == kind]
+    if kind is None:
+        return rows
+    return [r for r in rows if is_step_row(r)] if kind == "train" else [r for r in rows if r.get("kind") == kind]
 
 
 def _is_number(value: Any) -> bool:
@@ -162,6 +168,7 @@ def derive(report: StepReport, *, world_size: int, device: str, peak_tflops: flo
         lr=report.lr,
         grad_norm=report.grad_norm,
         extra=dict(report.extra),
+        time=time.time(),
         sample_hash=report.sample_hash,
     )
 
@@ -223,6 +230,11 @@ class MetricsReporter:
         for sink in self.sinks:
             sink.write_eval(metrics)
         return metrics
+
+    def event(self, record: dict[str, Any]) -> None:
+        """Something that is not a step (``{"event": kind, ...}``), to metrics.jsonl on the reporting rank."""
+        for sink in self.sinks:
+            sink.event(record)
 
     def close(self, status: str = "completed") -> None:
         """``status``: how the run ended (completed, failed, preempted), for trackers that record it."""

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from enum import IntEnum
@@ -199,6 +200,34 @@ class RunDir:
     def read_config(self) -> dict[str, Any]:
         return yaml.safe_load(self.config.read_text(encoding="utf-8"))
 
+    def read_module(self, name: str | None = None) -> tuple[str, dict[str, Any]]:
+        """(name, section) of one module of ``config.resolved.yaml`` (default ``pre_trainer``), for a
+        reader of a finished run (``primus export``): a damaged file (empty, not YAML, not a mapping,
+        a module without its framework or params) is one ``ConfigError`` naming it."""
+        from primus.config.yaml_source import read_yaml
+
+        where = str(self.config)
+        if not self.config.is_file():
+            raise ConfigError(f"{self.path}: not a Primus run directory (no {self.CONFIG})")
+        tree = read_yaml(self.config, where)
+        damaged = f"{where}: damaged (written by Primus at launch; restore it from a copy, or re-launch the run)"
+        if not isinstance(tree, dict) or not tree:
+            raise ConfigError(f"{damaged}: {'empty' if not tree else f'a {type(tree).__name__}, not a mapping'}")
+        modules = tree.get("modules")
+        if not isinstance(modules, dict) or not modules:
+            raise ConfigError(f"{damaged}: no 'modules' mapping")
+        if name is None:
+            name = "pre_trainer" if "pre_trainer" in modules else next(iter(modules))
+        if name not in modules:
+            raise ConfigError(f"--module {name}: no such module in the run (modules: {', '.join(map(str, modules))})")
+        section = modules[name]
+        if not isinstance(section, dict):
+            raise ConfigError(f"{damaged}: modules.{name} is not a mapping")
+        for key, kind in (("framework", str), ("params", dict)):
+            if not isinstance(section.get(key), kind):
+                raise ConfigError(f"{damaged}: modules.{name}.{key} is missing or not a {kind.__name__}")
+        return name, section
+
     def write_payload(self, *, module: str, resume: bool, attempt: str) -> Path:
         _replace_atomically(self.payload, json.dumps({"run_dir": str(self.path), "module": module, "resume": resume,
                                                       "attempt": attempt}))
@@ -248,7 +277,8 @@ class RunDir:
         if attempts and attempts[-1].get("status") == "running":
             attempts[-1].update({"status": INTERRUPTED, "note": "its launcher ended without recording an end "
                                  "(killed?)"})
-        attempt = {"start_time": _now(), "command": argv, "world_size": world_size, "status": "running"}
+        attempt = {"start_time": _now(), "wall_start": _process_start(), "command": argv, "world_size": world_size,
+                   "status": "running"}
         manifest.update({
             "primus": primus.__version__, "python": platform.python_version(), "torch": _version("torch"),
             "engine": engine, "engine_version": engine_version, "git_sha": _git_sha(),
@@ -264,7 +294,8 @@ class RunDir:
         """Called by rank 0 of a worker group that torchelastic restarted."""
         manifest = self.read_manifest()
         if manifest.get("attempts"):
-            manifest["attempts"][-1].setdefault("restarts", []).append({"restart": restart, "time": _now()})
+            manifest["attempts"][-1].setdefault("restarts", []).append({"restart": restart, "time": _now(),
+                                                                        "time_unix": time.time()})
             self._write_manifest(manifest)
 
     def finish_attempt(self, exit_code: int, status: str | None = None, note: str | None = None) -> None:
@@ -276,8 +307,42 @@ class RunDir:
         status = status or ExitCode.status_of(exit_code)
         end = {"end_time": _now(), "exit_code": int(exit_code), "status": status}
         manifest.update(end)
-        attempts[self.attempt].update(end, **({"note": note} if note else {}))
+        attempts[self.attempt].update(end, wall_end=time.time(), **({"note": note} if note else {}))
         self._write_manifest(manifest)
+
+    def record_goodput(self) -> dict[str, Any]:
+        """The run's goodput over every attempt so far (``primus.runtime.goodput``): kept in the
+        manifest and as an event in metrics.jsonl."""
+        from primus.runtime.goodput import account
+
+        manifest = self.read_manifest()
+        summary = account(manifest.get("attempts") or [], self.read_metrics(), time.time())
+        manifest["goodput"] = {k: v for k, v in summary.items() if k != "event"}
+        self._write_manifest(manifest)
+        if self.metrics.exists():  # a run refused before its first step keeps no metrics file
+            self.append_event(summary)
+        return summary
+
+    # --- metrics.jsonl ---------------------------------------------------------------------
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every row of metrics.jsonl: steps, and events (``{"event": ...}``); a torn last line is skipped."""
+        try:
+            lines = self.metrics.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return []
+        rows = []
+        for text in lines:
+            try:
+                rows.append(json.loads(text))
+            except ValueError:
+                continue
+        return rows
+
+    def append_event(self, event: dict[str, Any]) -> None:
+        """One event row (``{"event": kind, ...}``) at the end of metrics.jsonl, in one write: the
+        launcher and rank 0 may both append."""
+        with self.metrics.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(event) + "\n")
 
     # --- markers ---------------------------------------------------------------------------
     def mark_preempted(self, step: int, checkpointed: bool) -> None:
@@ -329,6 +394,16 @@ def reopen_if_deleted(handle, path: Path, on_reopen) -> Any:
     handle.close()
     on_reopen(path)
     return path.open("a", encoding="utf-8")
+
+
+def _process_start() -> float:
+    """When this process (the launcher) started: its start-up counts in the run's wall time."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:
+        return time.time()
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -6,6 +6,7 @@ the launching process, so ``${VAR}`` cannot resolve differently per rank.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from primus.config.secrets import restore_secrets, secret_values
 from primus.logs.setup import engine_output_to_log, engine_warning_summary, setup_logging
 from primus.runtime.adapter import EnginePlan, ModuleConfig
 from primus.runtime.context import NonFiniteLoss, RunContext
+from primus.runtime.instruments import Instruments
 from primus.plan.devices import device_peak
 from primus.runtime.averages import StepAverages
 from primus.runtime.metrics import MetricsReporter
@@ -45,6 +47,7 @@ def _device() -> tuple[str, str]:
 
 
 def train_worker(payload: dict[str, Any]) -> int:
+    started = time.time()
     run_dir = Path(payload["run_dir"])
     tree = restore_secrets(RunDir(run_dir).read_config())
     module_name = payload["module"]
@@ -73,9 +76,12 @@ def train_worker(payload: dict[str, Any]) -> int:
                                extra_sinks=tracker_sinks(tree, module_name, run_dir, rank=rank))  # W&B, MLflow
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     resume = bool(payload.get("resume")) or restarts > 0  # a restarted worker continues from its checkpoint
+    # phase clock, straggler report, watchdog and flight recorder: before the engine's process group exists
+    instruments = Instruments.for_rank(primus_opts, log_dir=run_dir / "logs" / module_name, rank=rank,
+                                       world_size=world_size, device=device)
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                      logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install(),
-                     save_last_checkpoint=primus_opts.get("save_last_checkpoint", True))
+                     save_last_checkpoint=primus_opts.get("save_last_checkpoint", True), instruments=instruments)
     # AMD Primus names (primus/compat): say what each became; fetch Hub tokenizers, models, data once
     announce(translations_of(section), logger.info, ctx.log_derived)
     try:
@@ -99,7 +105,7 @@ def train_worker(payload: dict[str, Any]) -> int:
         plan = _HANDED_OVER.pop((str(run_dir), module_name), None)
         if plan is None or params is not section["params"]:  # a Hub tokenizer now read from its local copy
             plan = adapter.plan(module, world_size, run_dir=run_dir, device=device)
-        with engine_output_to_log():  # the engine's own prints and progress bars: this rank's debug.log
+        with engine_output_to_log(), instruments.running():  # engine prints: this rank's debug.log
             adapter.run(plan, ctx)
         status = "completed"
         if rank == 0 and (line := projection_line(plan, reporter.step_times, device, device_name)):
@@ -120,6 +126,7 @@ def train_worker(payload: dict[str, Any]) -> int:
         logger.exception("rank %d failed", rank)
         raise
     finally:
+        reporter.event(instruments.worker_event(restarts, started, time.time()))  # for the goodput (rank 0)
         reporter.close(status)
         if summary := engine_warning_summary():  # engine warnings stayed in warning.log: say so once
             logger.info(summary)

@@ -1,10 +1,10 @@
 """The promise: one neutral model preset, and switching `framework:` (plus the module preset)
 switches the engine. Both train the same tiny Llama through `primus train`."""
-import json
 
 import pytest
 
 from tests.conftest import write
+from tests.helpers import read_events, read_metrics
 
 pytestmark = [pytest.mark.e2e]
 
@@ -32,7 +32,9 @@ def test_same_model_preset_on_both_engines(framework, run_primus, workspace, tmp
     exp = write(tmp_path / "exp.yaml", EXPERIMENT)
     result = run_primus("train", exp, *STEPS[framework], env={"NAME": framework, "FRAMEWORK": framework})
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(l) for l in (workspace / "team" / "me" / framework / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(workspace / "team" / "me" / framework)
     assert len(rows) == 6 and rows[-1]["loss"] < rows[0]["loss"]
     assert all(r["tokens_per_sec"] > 0 and r["tflops"] > 0 for r in rows)
     assert "[TRAIN] step=6 " in result.stdout
+    [goodput] = read_events(workspace / "team" / "me" / framework, "goodput")  # every run ends with its goodput
+    assert 0 < goodput["goodput"] < 1 and f"[primus] goodput: {100 * goodput['goodput']:.1f}% " in result.stdout

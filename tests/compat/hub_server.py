@@ -3,6 +3,9 @@
 Only what ``huggingface_hub.snapshot_download`` asks for: the revision and its file list
 (``/api/models/{repo}/revision/{rev}``, ``/api/models/{repo}/tree/{rev}``) and each file (``/{repo}/resolve/{rev}/{file}``, HEAD and
 GET); a dataset repo (``repo_type="dataset"``) under ``/api/datasets/…`` and ``/datasets/{repo}/resolve/…``. Requests without ``Authorization: Bearer <token>`` get 401, as a gated repo does.
+
+``mode`` makes it a Hub in trouble: ``"silent"`` accepts every connection and never answers,
+``"slow"`` answers each request after ``delay_s`` seconds, ``"404"`` answers 404 to everything.
 """
 from __future__ import annotations
 
@@ -16,11 +19,13 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 class HubServer:
     def __init__(self, repo_id: str, files: dict[str, bytes], token: str, repo_type: str = "model",
-                 more: dict[tuple[str, str], dict[str, bytes]] | None = None):
+                 more: dict[tuple[str, str], dict[str, bytes]] | None = None, mode: str = "ok", delay_s: float = 0.0):
         """``repo_id``'s ``files``, and ``more`` repos keyed by (repo_type, repo_id)."""
-        self.repo_id, self.files, self.token = repo_id, files, token
+        assert mode in ("ok", "silent", "slow", "404"), mode
+        self.repo_id, self.files, self.token, self.mode, self.delay_s = repo_id, files, token, mode, delay_s
         repos = {(repo_type, repo_id): files, **(more or {})}
         self.requests: list[str] = []
+        self.stopping = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,6 +40,13 @@ class HubServer:
 
             def _serve(self, body: bool):
                 server.requests.append(f"{self.command} {self.path}")
+                if server.mode == "silent":  # the connection stays open, no byte ever comes
+                    server.stopping.wait()
+                    return
+                if server.mode == "slow":
+                    server.stopping.wait(server.delay_s)
+                if server.mode == "404":
+                    return self._reply(404, b'{"error": "not found"}', {"X-Error-Code": "RepoNotFound"}, body)
                 if self.headers.get("authorization") != f"Bearer {server.token}":
                     return self._reply(401, b'{"error": "gated repo: log in"}', {"X-Error-Code": "GatedRepo"}, body)
                 path = self.path.split("?")[0]
@@ -69,6 +81,7 @@ class HubServer:
                     self.wfile.write(data)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -77,5 +90,6 @@ class HubServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stopping.set()  # release the silent / slow handlers
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -1,9 +1,9 @@
 """AMD Primus keys in a real run (TorchTitan, tiny, CPU): each said once per rank, kernels named, averages."""
-import json
 
 import pytest
 
 from tests.conftest import TINY_EXAMPLE
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e]
 
@@ -20,7 +20,7 @@ def test_amd_keys_in_a_real_run(run_primus, workspace):
     assert "derived primus_turbo.enable_primus_turbo=stock kernel (Primus-Turbo not installed)" in info
     assert "translated optimizer.beta2=0.99 → optimizer.betas=[0.9, 0.99] (TorchTitan 0.2 name" in info
     assert "[TRAIN]" not in result.stdout  # stderr_sink_level=WARNING: the console shows warnings only
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert "avg_step_time" not in rows[0]["extra"]  # step 1 is left out of the averages
     assert rows[1]["extra"]["avg_step_time"] == pytest.approx(rows[1]["step_time"])
     assert rows[2]["extra"]["avg_step_time"] == pytest.approx((rows[1]["step_time"] + rows[2]["step_time"]) / 2)

@@ -4,13 +4,13 @@ The blog's experiment (examples/megatron/configs/llama3.1_8B-pretrain.yaml) is A
 as the blog prints it: validate, plan on 8 ranks and dry-run unchanged; a copy shrunk by model keys
 on the command line trains on CPU with mock data.
 """
-import json
 import re
 
 import pytest
 
 from primus.cli.main import main
 from tests.conftest import ROOT, TINY_EXAMPLE
+from tests.helpers import read_metrics
 
 BLOG = ROOT / "examples" / "megatron" / "configs" / "llama3.1_8B-pretrain.yaml"
 WAN = ROOT / "examples" / "nemo_automodel" / "configs" / "MI355X" / "diffusion"
@@ -68,7 +68,7 @@ def test_the_blog_experiment_shrunk_by_model_keys_trains_on_cpu(run_primus, work
                         "lr_warmup_iters=200", "disable_last_saving=true", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = workspace / "AMD" / "root" / "llama3.1_8B-pretrain"
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     debug = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
     assert "derived tokenizer_type=NullTokenizer (mock_data" in debug  # the Hub tokenizer is not needed

@@ -2,7 +2,7 @@
 import pytest
 
 from primus.config.resolve import resolve_experiment
-from primus.config.secrets import is_secret_key, restore_secrets
+from primus.config.secrets import is_secret_key, is_secret_name, restore_secrets
 from primus.runtime.registry import backend_defaults
 from primus.runtime.rundir import RunDir
 
@@ -25,6 +25,18 @@ def test_secret_keys(key):
                                  "allow_ambiguous_pad_tokens", "keyboard", "monkey", "secretary_count_x"])
 def test_not_secret_keys(key):
     assert not is_secret_key(key)
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "WANDB_API_KEY", "GITHUB_TOKEN", "S3_SECRET", "DB_PASSWORD",
+                                  "OPENAI_API_KEY", "SSH_KEY", "PRIMUS_SECRET_X", "modules.m.HF_TOKEN", "hf_token"])
+def test_secret_names_keys_and_environment_variables(name):
+    assert is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["tokenizer_type", "TOKENIZER_TYPE", "HSA_NO_SCRATCH_RECLAIM", "NCCL_IB_HCA",
+                                  "moe_token_dispatcher_type", "eos_token", "NUM_TOKENS", "keyboard"])
+def test_not_secret_names(name):
+    assert not is_secret_name(name)
 
 
 def _saved_and_read_back(resolved, run_dir, monkeypatch):

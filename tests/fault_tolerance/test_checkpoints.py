@@ -160,5 +160,45 @@ def test_resume_falls_back_past_a_truncated_newest_checkpoint(run_primus, worksp
     assert "Training starts at step 3" in info  # from step-2, not the damaged step-4
     assert (run_dir / "checkpoints" / "step-4.damaged" / shard.name).read_bytes() == damaged_bytes  # kept as it was
     assert (run_dir / "checkpoints" / "step-4" / ".metadata").exists()  # saved again, whole
-    steps = [row["step"] for row in read_metrics(run_dir)]
+    steps = [r["step"] for r in read_metrics(run_dir)]
     assert steps == [1, 2, 3, 4, 3, 4, 5]
+
+
+@pytest.mark.parametrize("tamper, said", [
+    (lambda p: ((p / ".metadata").unlink(), (p / ".metadata").mkdir()), ".metadata is not a file"),
+    (lambda p: (torch.save({"iteration": 4}, p / "common.pt"),
+                (p / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')),
+     "holds a Megatron checkpoint (metadata.json, common.pt), not TorchTitan's"),
+])
+def test_a_tampered_newest_step_falls_back_said(tmp_path, tamper, said):
+    _save(tmp_path / "step-2")
+    newest = _save(tmp_path / "step-4")
+    tamper(newest)
+    warnings: list[str] = []
+    assert newest_usable(tmp_path, warn=warnings.append, move_damaged=True) == 2
+    assert any(said in w and f"resuming from {tmp_path / 'step-2'}" in w for w in warnings), warnings
+    assert (tmp_path / "step-4.damaged").is_dir()
+
+
+def test_checkpoints_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "checkpoints").write_text("oops")
+    with pytest.raises(UnusableCheckpoint, match="checkpoints is not a folder: move it away"):
+        newest_usable(tmp_path / "checkpoints")
+    assert (tmp_path / "checkpoints").read_text() == "oops"
+
+
+@pytest.mark.e2e
+def test_resume_with_checkpoints_a_regular_file_is_one_line(run_primus, workspace):
+    pytest.importorskip("torchtitan")
+    first = run_primus("train", TINY_EXAMPLE, "exp_name=tampered", "training.steps=1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    checkpoints = workspace / "amd" / "root" / "tampered" / "checkpoints"
+    import shutil
+
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    checkpoints.write_text("not a folder")
+    second = run_primus("train", TINY_EXAMPLE, "--resume", "exp_name=tampered", "training.steps=2")
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+    lines = second.stderr.strip().splitlines()
+    assert lines == [f"primus: error: {checkpoints} is not a folder: move it away (checkpoints are saved in a "
+                     "folder of that name)"]

@@ -1,4 +1,7 @@
-"""Rank death, preemption, restarts, atomic checkpoints, concurrency, disk full (TorchTitan, CPU)."""
+"""Rank death, preemption, restarts, atomic checkpoints, concurrency, disk full (TorchTitan, CPU).
+
+With injected faults, the parts of the goodput add up to the run's wall time, with the recomputed
+steps as lost work and the restart's time as restarts."""
 import json
 import os
 import shutil
@@ -10,7 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
-from tests.helpers import read_metrics
+from tests.helpers import read_events, read_metrics
 
 pytestmark = [pytest.mark.e2e]
 pytest.importorskip("torchtitan")
@@ -28,6 +31,22 @@ def _workers_of(run_dir):
     return [p for p in psutil.process_iter(["cmdline"])
             if p.info["cmdline"] and "primus.runtime.worker" in p.info["cmdline"]
             and any(str(run_dir) in part for part in p.info["cmdline"])]
+
+
+def _goodput_checks(run_dir, stdout):
+    """The run's last goodput event: its parts add up, it is the one line and the manifest's record."""
+    goodput = read_events(run_dir, "goodput")[-1]
+    parts = ("productive_s", "startup_s", "checkpoint_s", "eval_s", "restarts_s", "lost_s", "other_s")
+    assert sum(goodput[p] for p in parts) == pytest.approx(goodput["total_s"], abs=0.01)
+    assert goodput["goodput"] == pytest.approx(goodput["productive_s"] / goodput["total_s"], abs=1e-4)
+    assert f"[primus] goodput: {100 * goodput['goodput']:.1f}% (productive {goodput['productive_s']:.1f} s" in stdout
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["goodput"] == {k: v for k, v in goodput.items() if k != "event"}
+    attempts = manifest["attempts"]
+    assert goodput["total_s"] == pytest.approx(sum(a["wall_end"] - a["wall_start"] for a in attempts), abs=0.01)
+    kept = {r["step"]: r["step_time"] for r in read_metrics(run_dir)}  # the last occurrence of each step
+    assert goodput["productive_s"] == pytest.approx(sum(kept.values()), abs=0.01)
+    return goodput
 
 
 def test_sigkill_of_one_rank_stops_the_job_and_names_it(run_primus, workspace):
@@ -61,12 +80,17 @@ def test_sigterm_checkpoints_exits_75_and_resume_reproduces_the_run(run_primus, 
     assert _losses(split) == _losses(_run_dir(workspace, "straight"))
     attempts = json.loads((split / "manifest.json").read_text())["attempts"]
     assert [a["status"] for a in attempts] == ["preempted", "completed"]
+    # goodput over both attempts (not the time between them): nothing recomputed, no restart
+    first_goodput, goodput = read_events(split, "goodput")
+    assert goodput["total_s"] > first_goodput["total_s"] and goodput["startup_s"] > first_goodput["startup_s"]
+    assert (goodput["lost_s"], goodput["restarts_s"]) == (0, 0)
+    _goodput_checks(split, second.stdout)
 
 
 def test_max_restarts_recovers_a_killed_worker_from_its_checkpoint(run_primus, workspace):
     result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "--max-restarts", "1", "exp_name=restart",
                         "training.steps=6", "checkpoint.interval=2", env={"PRIMUS_FAULT_INJECT": "kill@rank1:step3"},
-                        timeout=150)
+                        timeout=300)  # two start-ups of 2 ranks: ~150 s on a loaded 2-core host
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = _run_dir(workspace, "restart")
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -75,6 +99,15 @@ def test_max_restarts_recovers_a_killed_worker_from_its_checkpoint(run_primus, w
     steps = [s for s, _ in _losses(run_dir)]
     assert steps[-1] == 6 and 3 in steps  # step 3 ran again after the restart resumed from step 2
     assert "Training starts at step 3" in (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+    # goodput: the first step 3 is the work lost; the restart's time from it to the next step 3 is restarts
+    goodput = _goodput_checks(run_dir, result.stdout)
+    rows = read_metrics(run_dir)
+    lost = [r for i, r in enumerate(rows) if any(later["step"] == r["step"] for later in rows[i + 1:])]
+    assert [r["step"] for r in lost] == [3]
+    assert goodput["lost_s"] == pytest.approx(lost[0]["step_time"], abs=0.01)
+    retried = rows[rows.index(lost[0]) + 1]
+    assert goodput["restarts_s"] == pytest.approx(retried["time"] - retried["step_time"] - lost[0]["time"], abs=0.01)
+    assert len(read_events(run_dir, "worker")) >= 1  # rank 0 of the restarted group recorded its end
 
 
 def test_resume_skips_a_partial_newest_checkpoint(run_primus, workspace):

@@ -114,3 +114,50 @@ def test_a_secret_handed_to_another_node_is_saved_by_reference(monkeypatch):
                         "primus.hf_token=${HF_TOKEN}"]) == [
         "primus", "train", "x.yaml", "--primus.hf_token", "<redacted>", "a.api_key=<redacted>",
         "primus.hf_token=${HF_TOKEN}"]
+
+
+AMD_ENV_SECRETS = {"HF_TOKEN": "hf_PLANTEDamdENV0001", "WANDB_API_KEY": "PLANTEDamdENV0002",
+                   "MY_DB_PASSWORD": "PLANTEDamdENV0003", "S3_SECRET": "PLANTEDamdENV0004"}
+
+
+def _with_amd_environment_keys(tmp_path):
+    """AMD's files put environment variables among a module's settings (``HF_TOKEN: hf_…``)."""
+    lines = "".join(f"      {name}: {value}\n" for name, value in AMD_ENV_SECRETS.items())
+    text = TINY_EXAMPLE.read_text().replace("    overrides:\n", "    overrides:\n" + lines)
+    return write(tmp_path / "exp.yaml", text)
+
+
+def test_an_environment_secret_among_a_modules_keys_is_never_printed_or_saved(tmp_path):
+    """The "no effect: export it" line names the variable, never its value; neither does --why,
+    the dry run, or the config the run would save."""
+    from primus.config.resolve import resolve_experiment
+    from primus.runtime.registry import backend_defaults, backend_derived
+    from tests.helpers import cli_in_process
+
+    exp = _with_amd_environment_keys(tmp_path)
+    env = {"PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path / "cache")}
+    text = []
+    for args in (["config", "validate", exp, "--no-engine"], ["config", "show", exp],
+                 ["config", "show", exp, "--why", "HF_TOKEN"], ["train", exp, "--dry-run"]):
+        result = cli_in_process(*args, env=env)
+        assert result.returncode == 0, result.stderr
+        text.append(result.stdout + result.stderr)
+    assert "translated HF_TOKEN=<redacted> → no effect" in text[0]
+    assert "translated MY_DB_PASSWORD=<redacted> → no effect" in text[0]
+    tree, _ = resolve_experiment(exp, [], backend_defaults, backend_derived).saved_tree()
+    import yaml
+
+    text.append(yaml.safe_dump(tree))
+    assert not [v for v in AMD_ENV_SECRETS.values() if v in "\n".join(text)]
+
+
+@pytest.mark.e2e
+def test_an_environment_secret_among_a_modules_keys_is_in_no_run_file(run_primus, workspace, tmp_path):
+    exp = _with_amd_environment_keys(tmp_path)
+    result = run_primus("train", exp, "exp_name=amd-env", "training.steps=1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "translated HF_TOKEN=<redacted>" in result.stdout + result.stderr
+    files = [p for p in workspace.rglob("*") if p.is_file()]
+    assert any(p.name == "info.log" for p in files)
+    leaked = [str(p) for p in files for v in AMD_ENV_SECRETS.values() if v.encode() in p.read_bytes()]
+    assert not leaked and not [v for v in AMD_ENV_SECRETS.values() if v in result.stdout + result.stderr]

@@ -20,7 +20,7 @@ TORCHTITAN = ROOT / "examples" / "torchtitan" / "llama3_tiny-sft.yaml"
 
 
 def _losses(run_dir):
-    return [row["loss"] for row in read_metrics(run_dir)]
+    return [r["loss"] for r in read_metrics(run_dir)]
 
 
 def _assert_same_tensors(exported, source):

@@ -72,3 +72,66 @@ def test_hub_model_and_dataset_are_fetched_once_when_the_run_starts(hf_models, r
     assert len(curve) == 12 and min(curve[-3:]) < 0.7 * curve[0], curve
     assert TOKEN not in "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file()
                                 and p.suffix in (".log", ".yaml", ".json", ".jsonl"))
+
+
+def _model_files(hf_dir):
+    return {f.name: f.read_bytes() for f in hf_dir.iterdir() if f.is_file() and not f.name.startswith(".")}
+
+
+def _hub_env(hub, tmp_path):
+    return {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": TOKEN,
+            "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def _without_model(path, instructions):
+    """A Megatron SFT whose network is only the Hub model's config.json (no model preset)."""
+    path.write_text(yaml.safe_dump({
+        "work_group": "amd", "user_name": "root", "exp_name": "sft-hub-nomodel",
+        "workspace": "${PRIMUS_WORKSPACE:./output}",
+        "modules": {"pre_trainer": {"framework": "megatron", "config": "pre_trainer.yaml", "stage": "sft",
+                                    "overrides": {
+            "hf_path": MODEL, "sft_dataset_name": str(instructions), "train_iters": 3, "micro_batch_size": 4,
+            "global_batch_size": 8, "seq_length": 128, "bf16": False, "use_distributed_optimizer": False,
+            "eval_interval": 1000, "save_interval": 1000}}}}))
+    return path
+
+
+def test_a_hub_model_without_a_model_preset_validates_and_is_fetched_when_the_run_starts(
+        hf_models, instructions, run_primus, workspace, tmp_path):
+    experiment = _without_model(tmp_path / "exp.yaml", instructions["messages"])
+    with HubServer(MODEL, _model_files(hf_models("llama")), TOKEN) as hub:
+        env = _hub_env(hub, tmp_path)
+        for argv in (["config", "validate", experiment], ["train", experiment, "--dry-run"]):
+            checked = cli_in_process(*argv, env={**os.environ, "PRIMUS_WORKSPACE": str(workspace), **env})
+            assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+        assert hub.requests == []
+        result = run_primus("train", experiment, env=env, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    info = (run_dir_of(workspace, "sft-hub-nomodel") / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+    assert f"Hugging Face Hub '{MODEL}', fetched once" in info and "derived model=llama3 2x128 (from " in info
+    assert len(losses(run_dir_of(workspace, "sft-hub-nomodel"))) == 3
+
+
+@pytest.mark.parametrize("mode", ["silent", "404"])
+def test_a_hub_in_trouble_ends_the_run_on_every_rank_with_one_line(mode, hf_models, instructions, run_primus,
+                                                                  workspace, tmp_path):
+    """2 ranks; a Hub that accepts connections and never answers (bounded by primus.hub timeouts:
+    here 5 s to connect or read, 15 s without an answer), or answers 404: exit 2, each rank's
+    error.log one line, no traceback."""
+    import time
+
+    experiment = _without_model(tmp_path / "exp.yaml", instructions["messages"])
+    timeouts = ["primus.hub.connect_timeout_s=5", "primus.hub.read_timeout_s=5", "primus.hub.stall_timeout_s=15"]
+    with HubServer(MODEL, _model_files(hf_models("llama")), TOKEN, mode=mode) as hub:
+        started = time.monotonic()
+        result = run_primus("train", experiment, "--nproc-per-node", "2", *timeouts, env=_hub_env(hub, tmp_path),
+                            timeout=600)
+        took = time.monotonic() - started
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    logs = run_dir_of(workspace, "sft-hub-nomodel") / "logs" / "pre_trainer"
+    for rank in (0, 1):
+        errors = (logs / f"rank-{rank}" / "error.log").read_text().strip().splitlines()
+        assert len(errors) == 1 and f"hf_path: cannot fetch the model '{MODEL}'" in errors[0], errors
+        assert ("no answer from" if mode == "silent" else "RepositoryNotFoundError") in errors[0]
+    assert took < 300  # a hang guard: the fetch gives up after 15 s without an answer

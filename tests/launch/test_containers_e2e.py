@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE, write
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 pytest.importorskip("torchtitan")
@@ -22,7 +23,7 @@ def _train_in_container(tmp_path, tiny_cache, engine_env, launcher_yaml, exp, *a
                          capture_output=True, text=True, timeout=330)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     run_dir = tmp_path / "ws" / "amd" / "root" / exp
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert len(read_metrics(run_dir)) == 2
     assert (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").stat().st_size > 0
     assert "not passing secret variables" not in out.stderr  # HF_TOKEN goes in, by name
     leaked = [p for p in run_dir.rglob("*") if p.is_file() and b"hf_must_stay_outside" in p.read_bytes()]

@@ -37,7 +37,7 @@ def test_unknown_key_is_one_line_with_file_line_and_did_you_mean(tmp_path):
     with pytest.raises(ConfigError, match="unknown top-level key 'launch' \\(did you mean 'launcher'"):
         _load(tmp_path, project="launch: {}\n")
     (tmp_path / "proj" / ".primus.yaml").unlink()
-    with pytest.raises(ConfigError, match=r"\$NNODES='two': expected an integer"):
+    with pytest.raises(ConfigError, match=r"\$NNODES='two': expected a whole number"):
         _load(tmp_path, env={"NNODES": "two"})
     with pytest.raises(ConfigError, match="launcher.container.engine='rkt'"):
         _load(tmp_path, cli={"container.engine": "rkt"})

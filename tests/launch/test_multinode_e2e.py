@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 pytest.importorskip("torchtitan")
@@ -33,7 +34,7 @@ def _start_nodes(hosts, exp, env, log_dir, *extra, port=29521, limit=240):
 
 
 def _losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in read_metrics(run_dir)]
 
 
 def test_two_hosts_train_like_one_host_with_two_processes(two_hosts, tmp_path, tiny_cache, run_primus, workspace):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 pytest.importorskip("torchtitan")
@@ -56,7 +57,7 @@ def test_two_node_job_completes_with_one_rank_per_node(slurm_cluster, tmp_path, 
     assert {p.name for p in (run_dir / "logs" / "pre_trainer").iterdir()} == {"rank-0", "rank-1"}
     hosts = {json.loads(p.read_text())["host"] for p in (run_dir / "nodes").glob("node-*.json")}
     assert hosts == {"n1", "n2"}  # one node's launcher (and rank) per Slurm node
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
+    assert len(read_metrics(run_dir)) == 4
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "completed"
 
 

@@ -26,12 +26,12 @@ def test_kendall_tau():
 @pytest.mark.e2e
 def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
     pytest.importorskip("megatron.core")
-    import json
     import statistics
     import subprocess
 
     from primus.preflight.perf.profile import measure_local_profile
     from tests.conftest import PRIMUS, ROOT
+    from tests.helpers import read_metrics
 
     monkeypatch.setenv("PRIMUS_PROFILE_CACHE", str(tmp_path / "profiles"))
     write_local_profile(measure_local_profile("cpu", "cpu"))
@@ -44,7 +44,7 @@ def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
                              capture_output=True, text=True, timeout=1200)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         assert "projected vs measured (local profile)" in run.stdout + run.stderr  # the run's own summary line
-        metrics = next(tmp_path.glob(f"*/*/{name.replace(' ', '_')}/metrics.jsonl")).read_text().splitlines()
-        measured.append(statistics.median(json.loads(line)["step_time"] for line in metrics[2:]))
+        metrics = read_metrics(next(tmp_path.glob(f"*/*/{name.replace(' ', '_')}/metrics.jsonl")).parent)
+        measured.append(statistics.median(row["step_time"] for row in metrics[2:]))
         projected.append(project_layout(exp, 1, overrides)["step_time"])
     assert kendall_tau(projected, measured) == 1.0, (projected, measured)

@@ -133,7 +133,7 @@ def test_a_validation_pass_takes_the_metrics_path(tmp_path, caplog):
     import logging
     import math
 
-    from primus.runtime.metrics import EvalReport, is_train_row
+    from primus.runtime.metrics import EvalReport, is_step_row
 
     reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None,
                                enable_tensorboard=importlib.util.find_spec("tensorboard") is not None)
@@ -143,7 +143,7 @@ def test_a_validation_pass_takes_the_metrics_path(tmp_path, caplog):
         reporter.report_eval(EvalReport(step=1, loss=800.0, name="squad"))
     reporter.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [is_train_row(r) for r in rows] == [True, False, False]
+    assert [is_step_row(r) for r in rows] == [True, False, False]
     assert rows[1] == {"kind": "eval", "step": 1, "loss": 2.0, "ppl": pytest.approx(math.exp(2.0)), "name": "valid"}
     assert rows[2]["ppl"] == math.inf  # exp overflows: infinite, not an error
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[EVAL]")]

@@ -21,7 +21,7 @@ def test_primus_train_logs_to_wandb_offline_and_mlflow(run_primus, workspace):
     run_dir = workspace / "amd" / "root" / "tracked"
     rows = {r["step"]: r for r in read_metrics(run_dir)}
     assert sorted(rows) == [1, 2, 3]
-    expected = {step: {k: v for k, v in row.items() if k not in ("step", "extra") and v is not None}
+    expected = {step: {k: v for k, v in row.items() if k not in ("step", "extra", "time") and v is not None}
                 for step, row in rows.items()}
 
     w = wandb_offline_run(run_dir / "wandb")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from primus.config.errors import ConfigError
 from primus.data.tiny_assets import tiny_assets_dir
 from primus.hf.megatron_start import (check_post_training_inputs, hf_checkpoint_spec, is_post_training,
-                                     post_training, strip_post_training)
+                                     network_from_hub, post_training, strip_post_training)
 from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 
@@ -86,6 +86,8 @@ class MegatronAdapter(BackendAdapter):
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
         model, layout = describe(args, module.params.get("model"), world_size)
+        if network_from_hub(module.params):  # provisional shapes only: no model to estimate until the run starts
+            model = None
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
         checkpoint = hf_checkpoint_spec(module.params, save) or CheckpointSpec(save, load=args.load)  # [#15]
         plan = EnginePlan(module, world_size, args, checkpoint, model, layout,
@@ -104,6 +106,7 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.support import run_time_notes
 
         run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
+        _refuse_lora_on_te_layers(plan.module, plan.engine_config)
         root = tiny_assets_dir(plan.module.params)
         if root is not None and is_post_training(plan.module.params):  # [#15 SFT/HF hook]
             _build_tiny_sft_assets(plan.module, log)
@@ -171,7 +174,7 @@ class MegatronAdapter(BackendAdapter):
 def _check_lora(module: ModuleConfig, args, provenance):
     """The ``lora`` block's keys, and what LoRA needs: no sequence parallelism. Any stage, with or without
     ``hf_path`` (AMD's 4-layer LoRA benchmarks adapt a randomly initialised base: the plan says so)."""
-    from primus.backends.megatron.lora import lora_of
+    from primus.backends.megatron.lora import check_rank, lora_of
 
     prefix = f"modules.{module.name}"
     lora = lora_of(module.params, prefix, provenance)
@@ -181,7 +184,18 @@ def _check_lora(module: ModuleConfig, args, provenance):
     if args.sequence_parallel:
         raise ConfigError(f"{where}{prefix}.lora: LoRA with sequence_parallel is not supported yet "
                           "(set sequence_parallel: false)")
+    check_rank(lora, args, prefix, where.removesuffix(": "))
     return lora
+
+
+def _refuse_lora_on_te_layers(module: ModuleConfig, args) -> None:
+    """LoRA wraps megatron-core's local linears; FP8 and context parallelism need Transformer Engine's layers."""
+    from primus.backends.megatron.lora import lora_of
+    from primus.backends.megatron.te_features import uses_context_parallel, uses_fp8
+
+    if (uses_fp8(args) or uses_context_parallel(args)) and lora_of(module.params, f"modules.{module.name}"):
+        raise ConfigError(f"modules.{module.name}.lora: LoRA wraps megatron-core's local linears, and FP8 / "
+                          "context parallelism need Transformer Engine's layers: drop one")
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:

@@ -19,6 +19,7 @@ import random
 from pathlib import Path
 
 from primus.config.errors import ConfigError
+from primus.runtime.checkpoints import check_model_matches, gathered
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"  # Megatron-LM's tracker value for a converted model (weights only, iteration 0)
@@ -157,6 +158,48 @@ def _state_dict(chunks, optimizer, scheduler, *, iteration: int, consumed_sample
     return state
 
 
+def follow_this_launchs_schedule(scheduler, saved: dict) -> None:
+    """A resumed run continues with this launch's LR / weight-decay schedule (``--resume
+    train_iters=6`` after a 4-iteration run), as TorchTitan does, and says what changed.
+
+    megatron-core's ``OptimizerParamScheduler.load_state_dict`` asserts that every setting equals
+    the checkpoint's unless ``override_opt_param_scheduler`` (this launch's values) or
+    ``use_checkpoint_opt_param_scheduler`` (the checkpoint's) is set; Megatron-LM leaves the choice
+    to those flags and fails without one. Primus keeps an explicit flag, else overrides. The step
+    count (``num_steps``) is the checkpoint's either way."""
+    import logging
+
+    if scheduler.override_opt_param_scheduler or scheduler.use_checkpoint_opt_param_scheduler:
+        return
+    current = scheduler.state_dict()
+    changed = [f"{key} {saved[key]} -> {value}" for key, value in current.items()
+               if key != "num_steps" and key in saved and saved[key] != value]
+    if changed:
+        scheduler.override_opt_param_scheduler = True
+        logging.getLogger("primus.checkpoints").info(
+            "derived override_opt_param_scheduler=true (resumed with other schedule settings than the checkpoint's: "
+            "%s; this launch's apply, from the saved step on; use_checkpoint_opt_param_scheduler: true keeps the "
+            "checkpoint's)", ", ".join(changed))
+
+
+def model_shapes(state: dict) -> dict[str, tuple[int, ...]]:
+    """Global shape of every model tensor of a sharded state dict, under its torch_dist key (a layer
+    stack's first axis counts the layers; SwiGLU's factories are built to the tensors they save)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    pending = [value for key, part in state.items() if key.startswith("model") for value in nested_values(part)]
+    while pending:
+        value = pending.pop(0)
+        if isinstance(value, ShardedTensorFactory):
+            built = value.build()
+            pending[:0] = list(nested_values(built)) if isinstance(built, (dict, list)) else [built]
+        elif isinstance(value, ShardedTensor):
+            shapes[value.key] = tuple(value.global_shape)
+    return shapes
+
+
 def _write_tracker(root: Path, iteration: int) -> None:
     import torch.distributed as dist
 
@@ -252,6 +295,7 @@ def _load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tup
                                                  with_rng=with_rng, log=log)
         if with_optimizer:
             _restore_adam_steps(optimizer, state["optimizer"])
+            follow_this_launchs_schedule(scheduler, state["opt_param_scheduler"])
             scheduler.load_state_dict(state["opt_param_scheduler"])
         loaded_iteration = state.get("iteration", iteration)
     elif fsdp.is_fsdp_dtensor(source):
@@ -264,6 +308,8 @@ def _load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tup
         state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=0,
                             use_distributed_optimizer=args.use_distributed_optimizer, is_loading=True,
                             with_optimizer=with_optimizer, with_rng=with_rng)
+        check_model_matches(source, gathered(model_shapes(state)),
+                            lambda key: not key.startswith(("optimizer", "rng_state")))
         loaded = dist_checkpointing.load(state, str(source))
         if fsdp.is_torch_fsdp2(chunks):
             fsdp.restore_fsdp2_shards(chunks, optimizer, loaded, with_optimizer=with_optimizer)
@@ -274,6 +320,7 @@ def _load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tup
                 optimizer.load_state_dict(loaded["optimizer"])
                 _restore_adam_steps(optimizer, loaded["optimizer"])
         if with_optimizer:
+            follow_this_launchs_schedule(scheduler, loaded["opt_param_scheduler"])
             scheduler.load_state_dict(loaded["opt_param_scheduler"])
         if with_rng:
             _restore_rng(loaded["rng_state"])

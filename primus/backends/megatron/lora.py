@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from primus.config.errors import ConfigError, did_you_mean
 
 TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+MAX_RANK = 2**16  # a rank beyond any model's width; the model's own bound is check_rank's
 _COLUMN = ("linear_qkv", "linear_fc1")
 
 
@@ -44,10 +45,12 @@ class LoRAConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = False
-    dim: int = Field(32, gt=0, description="rank r")
-    alpha: float = Field(32, gt=0, description="scaling = alpha / dim")
-    dropout: float = Field(0.0, ge=0, lt=1)
+    # strict: `dim: true` or `alpha: "32"` is a mistake, not a value to coerce; finite, bounded numbers
+    enabled: bool = Field(False, strict=True)
+    dim: int = Field(32, gt=0, le=MAX_RANK, strict=True, description="rank r (also ≤ min(in, out) of every "
+                                                                     "adapted linear: check_rank)")
+    alpha: float = Field(32, gt=0, le=1e6, strict=True, allow_inf_nan=False, description="scaling = alpha / dim")
+    dropout: float = Field(0.0, ge=0, lt=1, strict=True, allow_inf_nan=False)
     dropout_position: Literal["pre", "post"] = "pre"
     lora_A_init_method: Literal["xavier", "kaiming"] = "xavier"
     lora_B_init_method: Literal["zero", "xavier", "kaiming"] = "zero"
@@ -88,6 +91,40 @@ def lora_of(params: dict[str, Any], prefix: str, provenance=None) -> LoRAConfig 
     where = provenance.describe(f"{prefix}.lora") if provenance is not None else ""
     config = parse_lora(params["lora"], f"{prefix}.lora", where or "")
     return config if config.enabled else None
+
+
+def adapted_shapes(args) -> dict[str, tuple[int, int]]:
+    """(in, out) features of the smallest linear of each LoRA target in this Megatron model, whole
+    (before tensor parallelism): attention's fused QKV and output projection, the MLP's fc1 (gate +
+    up when gated) and fc2 over the dense and shared-expert MLPs (routed experts are not adapted)."""
+    hidden, heads = args.hidden_size, args.num_attention_heads
+    kv = args.kv_channels or hidden // heads
+    groups = args.num_query_groups if args.group_query_attention and args.num_query_groups else heads
+    shapes = {"linear_proj": ((args.v_head_dim if args.multi_latent_attention else kv) * heads, hidden)}
+    if not args.multi_latent_attention:  # MLA has no fused linear_qkv
+        shapes["linear_qkv"] = (hidden, (heads + 2 * groups) * kv)
+    ffns = [args.moe_shared_expert_intermediate_size] if args.num_experts and args.moe_shared_expert_intermediate_size \
+        else []
+    if not args.num_experts or args.moe_layer_freq != 1:  # some layers keep a dense MLP
+        ffns.append(args.ffn_hidden_size)
+    gated = 2 if args.swiglu or args.gated_linear_unit else 1
+    for ffn in filter(None, ffns):
+        for name, shape in (("linear_fc1", (hidden, gated * ffn)), ("linear_fc2", (ffn, hidden))):
+            if name not in shapes or min(shape) < min(shapes[name]):
+                shapes[name] = shape
+    return shapes
+
+
+def check_rank(lora: LoRAConfig, args, prefix: str, where: str = "") -> None:
+    """The rank is at most min(in, out) of every adapted linear (a larger one adds parameters and
+    no expressiveness, and a rank of 10**8 would exhaust memory): one line naming the linear."""
+    shapes = adapted_shapes(args)
+    for target in lora.target_modules:
+        if target in shapes and lora.dim > min(shapes[target]):
+            fan_in, fan_out = shapes[target]
+            where = f"{where}: " if where else ""
+            raise ConfigError(f"{where}{prefix}.lora.dim={lora.dim}: the rank must be ≤ min(in, out) of every "
+                              f"adapted linear; {target} is {fan_in} -> {fan_out}, so at most {min(fan_in, fan_out)}")
 
 
 # -- the adapter ---------------------------------------------------------------------------------

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from primus.backends.megatron import te_features
 from primus.backends.megatron.arguments import MegatronArgs
+
+if TYPE_CHECKING:
+    from primus.plan.target import Target
 
 
 @dataclass
@@ -32,10 +36,11 @@ def padded_vocab_size(vocab_size: int, args: MegatronArgs) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def use_transformer_engine(args: MegatronArgs, on_gpu: bool, derived: Derived | None = None) -> bool:
+def use_transformer_engine(args: MegatronArgs, target: "Target", derived: Derived | None = None) -> bool:
     """Megatron-LM's default is Transformer Engine; where it is not importable on a GPU (always on
-    CPU) megatron-core's local spec builds the same layers, and a derived line says so."""
-    available = on_gpu and importlib.util.find_spec("transformer_engine") is not None
+    CPU) megatron-core's local spec builds the same layers, and a derived line says so. (FP8 and
+    context parallelism need it: admission refused them on such a target, ``te_features.py``.)"""
+    available = target.gpu and target.transformer_engine
     use = args.transformer_impl == "transformer_engine" and available
     if derived is not None:
         reason = ("Transformer Engine on GPU" if use else f"transformer_impl: {args.transformer_impl}"
@@ -162,6 +167,7 @@ def transformer_config(args: MegatronArgs, *, on_gpu: bool, derived: Derived, us
         kw["mtp_num_layers"] = None
     dtype = params_dtype(args)
     kw.update(fusion_flags(args, on_gpu, derived))
+    kw.update(te_features.transformer_kwargs(args))  # FP8 / context parallel: Transformer Engine layers
     if args.embedding_init_method_std is None and args.model is not None:
         derived.set("embedding_init_method_std", args.init_method_std,
                     "not set: megatron-core uses init_method_std; TorchTitan draws the same preset's embedding "
@@ -248,9 +254,12 @@ def wrap_float16(args: MegatronArgs, config, chunks: list) -> list:
     ("Param id N does not match any model sharded param")."""
     if not (args.bf16 or args.fp16):
         return chunks
+    from megatron.core.fp8_utils import correct_amax_history_if_needed
     from megatron.core.transformer.module import Float16Module
 
-    return [Float16Module(config, chunk) for chunk in chunks]
+    chunks = [Float16Module(config, chunk) for chunk in chunks]
+    correct_amax_history_if_needed(chunks)  # Megatron-LM's get_model: TE < 2 FP8 params' amax after the cast
+    return chunks
 
 
 def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
@@ -258,6 +267,7 @@ def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     ddp_config = DistributedDataParallelConfig(
+        fp8_param_gather=args.fp8_param_gather,
         grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
@@ -271,18 +281,26 @@ def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
     ]
 
 
-def build_optimizer(args: MegatronArgs, chunks: list):
-    """megatron-core's optimizer, its OptimizerConfig filled by field name as Megatron-LM's setup does."""
+def optimizer_config(args: MegatronArgs):
+    """megatron-core's OptimizerConfig, filled by field name as Megatron-LM's setup does (``fp8_recipe``
+    too: the distributed optimizer shards FP8 parameters by recipe)."""
     import dataclasses
 
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import OptimizerConfig
 
     from primus.backends.megatron.support import IMPLEMENTED
 
     names = {f.name for f in dataclasses.fields(OptimizerConfig)}
     kw = {key: getattr(args, key) for key, where in IMPLEMENTED.items() if where == "OptimizerConfig" and key in names}
-    config = OptimizerConfig(**kw, bf16=args.bf16, fp16=args.fp16, params_dtype=params_dtype(args))
-    return get_megatron_optimizer(config, chunks)
+    return OptimizerConfig(**kw, bf16=args.bf16, fp16=args.fp16, params_dtype=params_dtype(args),
+                           fp8_recipe=args.fp8_recipe)
+
+
+def build_optimizer(args: MegatronArgs, chunks: list):
+    """megatron-core's optimizer for the model chunks."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    return get_megatron_optimizer(optimizer_config(args), chunks)
 
 
 def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):

@@ -18,16 +18,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from primus.backends.megatron import te_features
 from primus.backends.megatron.schema import megatron_lm_table
+from primus.backends.megatron.te_features import TE_ARGS
 from primus.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from primus.plan.target import Target
 
 IMPLEMENTED_KIND, KERNEL_ONLY_KIND, REFUSED_KIND = "implemented", "kernel-only", "refused"
 
 # dest -> what consumes it. "TransformerConfig"/"OptimizerConfig"/"DDPConfig" keys are passed by
 # name, as Megatron-LM's core_transformer_config_from_args does; the rest are read explicitly.
 _TC, _OPT, _DDP = "TransformerConfig", "OptimizerConfig", "DDPConfig"
+TE_CONSUMER = "TransformerConfig via te_features (Transformer Engine on a GPU)"
 IMPLEMENTED: dict[str, str] = {
     **dict.fromkeys((
         "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
@@ -85,6 +91,8 @@ IMPLEMENTED: dict[str, str] = {
                      "no_save_rng", "ckpt_format", "exit_on_missing_checkpoint"), "checkpoint"),
     **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward", "use_megatron_fsdp",
                      "data_parallel_sharding_strategy"), "fsdp"),
+    # FP8 and context parallelism: admitted where the target has a GPU with Transformer Engine (te_features.py)
+    **dict.fromkeys(TE_ARGS, TE_CONSUMER),
 }
 
 # Values of implemented arguments this backend runs; any other (valid Megatron-LM) value is refused.
@@ -139,7 +147,7 @@ KERNEL_ONLY: dict[str, str] = {
         "disable_symmetric_registration", "fsdp_manual_registration", "create_all_gather_group",
         "suggested_communication_unit_size", "high_priority_stream_groups", "use_sharp", "sharp_enabled_group",
         "nccl_communicator_config_path", "distributed_backend", "pipeline_model_parallel_comm_backend",
-        "symmetric_ar_type", "use_tp_pp_dp_mapping", "cp_comm_type", "enable_cuda_graph", "external_cuda_graph",
+        "symmetric_ar_type", "use_tp_pp_dp_mapping", "enable_cuda_graph", "external_cuda_graph",
         "cuda_graph_impl", "cuda_graph_scope", "cuda_graph_warmup_steps", "train_sync_interval",
     ), _OVERLAP),
     **dict.fromkeys((
@@ -168,23 +176,21 @@ KERNEL_ONLY: dict[str, str] = {
                      "check_for_spiky_loss"), _CHECK),
 }
 
-_TE_PRECISION = "FP8/FP4 and per-layer precision recipes need Transformer Engine on a GPU, not wired here"
+_TE_PRECISION = ("FP4, quantizer factories, the precision-aware optimizer and per-module precision recipes are "
+                 "not wired here (FP8 is)")
 _LAYOUT = "another parallel or sharding layout than Primus's Megatron trainer builds"
 _FAMILY = "another model family or attention variant than the GPT/MoE/MLA models built here"
 _SCHEDULE = "sample-based or phased schedules: Primus's Megatron trainer counts iterations"
 _DEPRECATED = "no longer valid in Megatron-LM"
 REFUSED: dict[str, str] = {
     **dict.fromkeys((
-        "fp8", "fp8_recipe", "fp8_quantizer_factory", "fp8_margin", "fp8_interval", "fp8_amax_history_len",
-        "fp8_amax_compute_algo", "fp8_wgrad", "fp8_param_gather", "first_last_layers_bf16",
-        "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "fp4", "fp4_recipe", "fp4_param",
+        "fp8_quantizer_factory", "fp4", "fp4_recipe", "fp4_param",
         "fp4_quantizer_factory", "te_precision_config_file", "reuse_grad_buf_for_mxfp8_param_ag",
         "use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
         "exp_avg_sq_dtype", "use_kitchen_attention", "kitchen_attention_backend", "te_rng_tracker",
     ), _TE_PRECISION),
     **dict.fromkeys((
-        "context_parallel_size", "hierarchical_context_parallel_sizes", "max_seqlen_per_dp_cp_rank",
-        "hybrid_context_parallel", "outer_dp_sharding_strategy", "fsdp_double_buffer",
+        "max_seqlen_per_dp_cp_rank", "hybrid_context_parallel", "outer_dp_sharding_strategy", "fsdp_double_buffer",
         "enable_full_sharding_in_hsdp", "num_distributed_optimizer_instances",
         "fake_process_group", "dist_ckpt_optim_fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient",
     ), _LAYOUT),
@@ -291,24 +297,22 @@ def _same(value: Any, default: Any) -> bool:
     return norm(value) == norm(default)
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 def run_time_notes(args, given: set[str], module: str = "pre_trainer", *,
-                   on_gpu: bool | None = None) -> list[tuple[str, Any, str]]:
-    """Check the arguments the experiment set, at run time (never in ``config validate``/dry-run).
+                   target: "Target | None" = None) -> list[tuple[str, Any, str]]:
+    """Check the arguments the experiment set, at run time (never in ``config validate``/dry-run),
+    for ``target`` (default: this host): it decides the ``NEEDS_GPU`` arguments and FP8 / context
+    parallelism (``te_features.py``).
 
-    Returns one (key, value, reason) note per kernel-only argument set to a non-default value;
-    raises ConfigError (exit 2, one line) for the first refused one. ``on_gpu`` (default: CUDA is
-    available here) decides the ``NEEDS_GPU`` arguments.
+    Returns one (key, value, reason) note per kernel-only argument set to a non-default value (and
+    per FP8 / context-parallel setting that has no effect without them); raises ConfigError (exit 2,
+    one line) for the first refused one.
     """
+    from primus.plan.target import host_target
+
     notes = []
     table = megatron_lm_table()
+    target = target or host_target()
+    _admit_te_features(args, given, module, target)
     for dest in table:
         if dest not in given:
             continue
@@ -321,7 +325,7 @@ def run_time_notes(args, given: set[str], module: str = "pre_trainer", *,
                                   f"supported: {', '.join(repr(v) for v in sorted(values, key=str) if v is not None)}")
         if _same(value, table[dest].default):
             continue
-        if dest in NEEDS_GPU and not (_cuda_available() if on_gpu is None else on_gpu):
+        if dest in NEEDS_GPU and not target.gpu:
             raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be run on a CPU ({NEEDS_GPU[dest]})")
         if support.kind == REFUSED_KIND:
             raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be honoured here ({support.reason}); "
@@ -329,4 +333,14 @@ def run_time_notes(args, given: set[str], module: str = "pre_trainer", *,
                               f"(remove it or set it to Megatron-LM's default, {table[dest].default!r})")
         if support.kind == KERNEL_ONLY_KIND and dest not in SAID_BY_TRAINER:
             notes.append((dest, value, f"accepted, no effect here: {support.reason}"))
-    return notes
+    return notes + te_features.inert_notes(args, {d for d in given if d in table and not _same(getattr(args, d),
+                                                                                              table[d].default)})
+
+
+def _admit_te_features(args, given: set[str], module: str, target: "Target") -> None:
+    """FP8 / context parallelism: refused, in one line, where ``target`` cannot run them (te_features.py)."""
+    problem = te_features.refusal(args, given, target)
+    if problem:
+        dest, reason = problem
+        raise ConfigError(f"modules.{module}.{dest}: {getattr(args, dest)!r} cannot run on {target.describe()} "
+                          f"({reason})")

@@ -31,7 +31,9 @@ from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.support import run_time_notes
 from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
 from primus.config.errors import ConfigError
+from primus.plan.target import Target, host_target
 from primus.runtime.metrics import EvalReport, StepReport
+from primus.runtime.phases import timed_iterator
 
 def _init_process_group(ctx) -> bool:
     """Join the process group the launcher described in env vars; True if we created it."""
@@ -63,7 +65,9 @@ def _loss_func(loss_mask, output_tensor):
 
 
 def _forward_step(data_iterator, model):
-    batch = next(data_iterator)
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    batch = get_batch_on_this_cp_rank(next(data_iterator))  # this rank's sequence chunks (context parallel)
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"],
                    loss_mask=batch["loss_mask"])  # the MTP heads mask as the main loss does
     return output, partial(_loss_func, batch["loss_mask"])
@@ -121,8 +125,7 @@ class MegatronTrainer:
                 self.ctx.logger.warning("%s=%s (%s)", key, value, reason)
             else:
                 self.ctx.log_derived(key, value, reason)
-        for key, value, reason in run_time_notes(self.args, self.args.given, self.module,
-                                                 on_gpu=self.ctx.device.startswith("cuda")):
+        for key, value, reason in run_time_notes(self.args, self.args.given, self.module, target=self.target):
             self.ctx.log_derived(key, value, reason)
 
     def setup(self) -> None:
@@ -132,6 +135,7 @@ class MegatronTrainer:
 
         args, ctx = self.args, self.ctx
         on_gpu = ctx.device.startswith("cuda")
+        self.target = host_target() if on_gpu else Target("cpu")
         self._say_notes()
         from primus.backends.megatron.cpu_patches import apply_upstream_fixes
 
@@ -148,12 +152,14 @@ class MegatronTrainer:
         self.num_microbatches = derived.set(
             "gradient_accumulation_steps", self.gbs // (args.micro_batch_size * self.dp),
             "global_batch_size / (micro_batch_size x data-parallel size)")
-        derived.set("data_parallel_size", self.dp, "world size / (tensor x pipeline parallel)")
+        derived.set("data_parallel_size", self.dp, "world size / (tensor x pipeline x context parallel)")
 
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=args.tensor_model_parallel_size,
             pipeline_model_parallel_size=args.pipeline_model_parallel_size,
             virtual_pipeline_model_parallel_size=virtual_pipeline_size(args),
+            context_parallel_size=args.context_parallel_size,
+            hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
             expert_model_parallel_size=args.expert_model_parallel_size,
             expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         )
@@ -175,8 +181,8 @@ class MegatronTrainer:
         if self.vocab != vocab:
             derived.set("padded_vocab_size", self.vocab,
                         f"{vocab} rounded up to a multiple of make_vocab_size_divisible_by x TP")
-        use_te = use_transformer_engine(args, on_gpu, derived)
-        if use_te and self.lora is not None:
+        use_te = use_transformer_engine(args, self.target, derived)
+        if use_te and self.lora is not None:  # (with FP8 / context parallel: refused by the adapter's plan)
             use_te = False
             derived.set("transformer_impl", "local", "LoRA wraps megatron-core's Column/RowParallelLinear "
                         "(Transformer Engine fuses the layer norm into linear_qkv / linear_fc1)")
@@ -253,9 +259,9 @@ class MegatronTrainer:
             config.param_sync_func = sync[0] if len(sync) == 1 else sync
 
     def _batches(self, dataset, consumed: int):
-        return iter(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
-                                  micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.dp,
-                                  device=self.device))
+        return timed_iterator(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
+                                            micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank,
+                                            dp_size=self.dp, device=self.device), self.ctx.phase("data"))
 
     def _data_iterator(self, dataset, consumed: int):
         # Interleaved schedules take one iterator per model chunk; each chunk sees the same batches.
@@ -291,17 +297,23 @@ class MegatronTrainer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
-        losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+        with self.ctx.phase("compute"):
+            losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
         loss = _global_loss(losses, self.device)
         if self.ctx.stop_on_non_finite_loss and not math.isfinite(loss):
             return loss, None, lr, {}
-        update_ok, grad_norm, _ = self.optimizer.step()
-        if update_ok:
-            self.scheduler.step(increment=self.gbs)
+        with self.ctx.phase("optimizer"):
+            update_ok, grad_norm, _ = self.optimizer.step()
+            if update_ok:
+                self.scheduler.step(increment=self.gbs)
         extra = aux_loss_metrics(self.config, self.num_microbatches)
         return loss, (float(grad_norm) if grad_norm is not None else None), lr, extra
 
     def evaluate(self) -> float:
+        with self.ctx.phase("eval"):
+            return self._evaluate()
+
+    def _evaluate(self) -> float:
         import torch
 
         for chunk in self.model:
@@ -315,8 +327,9 @@ class MegatronTrainer:
         return _global_loss(losses, self.device)
 
     def save(self) -> None:
-        path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
-                                    iteration=self.iteration, consumed_samples=self.consumed)
+        with self.ctx.phase("checkpoint"):
+            path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
+                                        iteration=self.iteration, consumed_samples=self.consumed)
         self.ctx.logger.info("saved checkpoint %s", path)
 
     def train(self) -> None:

@@ -12,6 +12,8 @@ as a note and said once at run time.
 """
 from __future__ import annotations
 
+import math
+
 from primus.config.errors import ConfigError
 from primus.plan.layout import parse_pipeline_layout
 
@@ -307,7 +309,7 @@ def _pipeline_split_rules(args) -> None:
     mtp = args.mtp_num_layers or 0
     if layout is not None:
         try:
-            stages = parse_pipeline_layout(layout)
+            stages = parse_pipeline_layout(layout, (args.num_layers or 0) + mtp)
         except ConfigError:
             return  # check_parallel_layout names the mistake
         if mtp and "m" not in "".join(stages) and stages and stages[-1].endswith("L"):
@@ -332,7 +334,9 @@ def _pipeline_split_rules(args) -> None:
 def virtual_pipeline_size(args) -> int | None:
     """Megatron-LM's virtual_pipeline_model_parallel_size (None: no interleaving)."""
     if args.pipeline_model_parallel_layout is not None:
-        vpp = len(parse_pipeline_layout(args.pipeline_model_parallel_layout)) // args.pipeline_model_parallel_size
+        stages = parse_pipeline_layout(args.pipeline_model_parallel_layout,
+                                       (args.num_layers or 0) + (args.mtp_num_layers or 0))
+        vpp = len(stages) // args.pipeline_model_parallel_size
     elif args.num_virtual_stages_per_pipeline_rank is not None:
         vpp = args.num_virtual_stages_per_pipeline_rank
     elif args.num_layers_per_virtual_pipeline_stage is not None:
@@ -357,7 +361,8 @@ def _check_pipeline_layout(args, pp: int, m: str) -> None:
     if others:
         raise ConfigError(f"{key}: excludes {others[0]} (megatron-core: the layout places every layer)")
     try:
-        stages = parse_pipeline_layout(args.pipeline_model_parallel_layout)
+        stages = parse_pipeline_layout(args.pipeline_model_parallel_layout,
+                                       (args.num_layers or 0) + (args.mtp_num_layers or 0))
     except ConfigError as exc:
         raise ConfigError(f"{key}: {exc}") from None
     if len(stages) % pp:
@@ -411,9 +416,16 @@ def check_parallel_layout(args, world_size: int | None, *, module: str = "pre_tr
     if args.num_experts is not None and args.moe_ffn_hidden_size and args.moe_ffn_hidden_size % etp:
         raise ConfigError(f"{m}: moe_ffn_hidden_size ({args.moe_ffn_hidden_size}) is not divisible by "
                           f"expert_tensor_parallel_size ({etp})")
+    cp = args.context_parallel_size
+    if cp > 1 and args.seq_length is not None and args.seq_length % (2 * cp):
+        raise ConfigError(f"{m}: seq_length ({args.seq_length}) is not a multiple of 2 x context_parallel_size "
+                          f"({2 * cp}): each context-parallel rank takes two chunks (Megatron-LM's rule)")
+    if cp > 1 and args.hierarchical_context_parallel_sizes and \
+            math.prod(args.hierarchical_context_parallel_sizes) != cp:
+        raise ConfigError(f"{m}: hierarchical_context_parallel_sizes {args.hierarchical_context_parallel_sizes} "
+                          f"does not multiply to context_parallel_size ({cp})")
     if world_size is None:
         return None
-    cp = args.context_parallel_size or 1
     if world_size % (tp * pp * cp):
         names, sizes = "tensor_model_parallel_size x pipeline_model_parallel_size", f"{tp} x {pp}"
         if cp > 1:

@@ -136,7 +136,7 @@ class AutoModelAdapter(BackendAdapter):
         with keep_primus_logging(), checkpoint_on_transient_group():  # perf #17: resume loads too
             recipe.setup()
         self._log_sigma_window(recipe, ctx.logger)
-        tap = StepTap(recipe, ctx.report_step, ctx.should_stop)
+        tap = StepTap(recipe, ctx.report_step, ctx.should_stop, ctx.instruments.clock)
         try:
             with one_train_line(), checkpoint_on_transient_group():  # perf #17: no OpenMP pools left
                 recipe.run_train_validation_loop()

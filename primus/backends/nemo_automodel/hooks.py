@@ -9,7 +9,9 @@
     hook for them, so that one is a named patch.
 
 step_time runs from the step's first forward to the end of its optimizer update, so it
-excludes checkpoint saves and validation between steps.
+excludes checkpoint saves and validation between steps. The same hooks mark the step's phases
+(``primus.runtime.phases``): forward+backward from the first micro-batch to the optimizer's
+pre-step hook, then the optimizer; saves and validation between steps.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any, Callable
 
 from primus.backends.nemo_automodel.patches import tap_flow_matching_step
 from primus.runtime.metrics import StepReport
+from primus.runtime.phases import PhaseClock
 
 _BATCH_KEYS = ("video_latents", "image_latents", "latents", "text_embeddings")
 
@@ -30,13 +33,31 @@ def _batch_size(batch: dict[str, Any]) -> int:
     return 0
 
 
+def time_saves_and_validation(recipe: Any, clock: PhaseClock) -> Callable[[], None]:
+    """The recipe's ``save_checkpoint`` and ``_run_validation_epoch`` (both AutoModel recipes call them
+    on ``self`` between steps) timed as the checkpoint and evaluation phases, on this recipe only;
+    returns the undo."""
+    names = {"save_checkpoint": "checkpoint", "_run_validation_epoch": "eval"}
+    for name, phase in names.items():
+        method, timing = getattr(recipe, name), clock.phase(phase)
+
+        def timed(*args: Any, _method: Any = method, _timing: Any = timing, **kwargs: Any) -> Any:
+            with _timing:
+                return _method(*args, **kwargs)
+
+        setattr(recipe, name, timed)
+    return lambda: [recipe.__dict__.pop(name, None) for name in names]
+
+
 class StepTap:
     """Attach to a set-up recipe; calls ``report(StepReport)`` on every rank, once per optimizer step."""
 
-    def __init__(self, recipe: Any, report: Callable[[StepReport], Any], should_stop: Callable[[], bool] = lambda: False):
+    def __init__(self, recipe: Any, report: Callable[[StepReport], Any], should_stop: Callable[[], bool] = lambda: False,
+                 clock: PhaseClock | None = None):
         import torch
 
         self.recipe, self.report, self.should_stop = recipe, report, should_stop
+        self.clock = clock or PhaseClock()
         self._losses: list[Any] = []
         self._samples = 0
         self._start: float | None = None
@@ -46,18 +67,26 @@ class StepTap:
         self._on_cuda = torch.device(getattr(recipe, "device", "cpu")).type == "cuda"
 
         self._untap = tap_flow_matching_step(recipe.flow_matching_pipeline, self._on_micro_batch)
-        self._handle = recipe.optimizer[-1].register_step_post_hook(self._after_optimizer_step)
+        self._handles = [recipe.optimizer[-1].register_step_pre_hook(self._before_optimizer_step),
+                         recipe.optimizer[-1].register_step_post_hook(self._after_optimizer_step)]
+        self._untime = time_saves_and_validation(recipe, self.clock)
 
     def _on_micro_batch(self, loss: Any, batch: dict[str, Any]) -> None:
         if self._start is None:
             self._start = time.perf_counter()
+            self.clock.enter("compute")
         self._losses.append(loss.detach().float())
         self._samples += _batch_size(batch)
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.clock.exit("compute")
+        self.clock.enter("optimizer")
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         import torch
         import torch.distributed as dist
 
+        self.clock.exit("optimizer")
         local_loss = float(torch.stack(self._losses).mean()) if self._losses else float("nan")
         if self._world > 1:
             totals = torch.tensor([local_loss, float(self._samples), 1.0], dtype=torch.float64,
@@ -85,5 +114,7 @@ class StepTap:
             self.recipe.step_scheduler.sigterm_flag = True
 
     def close(self) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
         self._untap()
+        self._untime()

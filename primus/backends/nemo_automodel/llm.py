@@ -212,9 +212,14 @@ class LLMStepTap:
         self.steps = 0
         original_step, original_val = recipe._run_train_optim_step, recipe.log_val_metrics
 
+        from primus.backends.nemo_automodel.hooks import time_saves_and_validation
+
+        computing, clock = ctx.phase("compute"), ctx.instruments.clock
+
         def run_train_optim_step(batches, max_grad_norm=None):
             start = time.perf_counter()
-            sample = original_step(batches, max_grad_norm)
+            with computing:  # the optimizer's hooks carve its own phase out of it
+                sample = original_step(batches, max_grad_norm)
             self._report(sample, batches, time.perf_counter() - start)
             return sample
 
@@ -227,6 +232,10 @@ class LLMStepTap:
 
         recipe._run_train_optim_step = run_train_optim_step
         recipe.log_val_metrics = log_val_metrics
+        self._handles = [handle for optimizer in recipe.optimizer for handle in (
+            optimizer.register_step_pre_hook(lambda *_: clock.enter("optimizer")),
+            optimizer.register_step_post_hook(lambda *_: clock.exit("optimizer")))]
+        self._untime = time_saves_and_validation(recipe, clock)
         # Primus prints one [TRAIN] line per step; AutoModel's tqdm bar would break those lines on a terminal
         recipe._make_progress_bar = lambda *args, **kwargs: None
 
@@ -247,6 +256,9 @@ class LLMStepTap:
             self.recipe.step_scheduler.sigterm_flag = True  # AutoModel checkpoints this step and ends the loop
 
     def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._untime()
         for name in ("_run_train_optim_step", "log_val_metrics", "_make_progress_bar"):
             self.recipe.__dict__.pop(name, None)
 

@@ -99,6 +99,7 @@ class TorchTitanAdapter(BackendAdapter):
         return derived
 
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
+        _admit_float8(plan.module)
         root = tiny_assets_dir(plan.module.params)
         if root is not None and hf_start.is_post_training(plan.module.params, plan.module.stage):
             _build_tiny_sft_assets(plan.module, log)  # [#15] tiny HF model + instruction set
@@ -129,16 +130,18 @@ class TorchTitanAdapter(BackendAdapter):
                 raise ConfigError(f"{where}{full}: {path} does not exist")
 
     def run(self, plan: EnginePlan, ctx: RunContext) -> None:
-        from primus.backends.torchtitan.patches import apply_patches
+        from primus.backends.torchtitan.float8 import converted_linears
+        from primus.backends.torchtitan.patches import apply_float8_patches, apply_patches
 
-        for name in apply_patches():
+        cfg = plan.engine_config
+        float8 = [*apply_float8_patches()] if converted_linears(cfg.model_spec.model) else []
+        for name in [*apply_patches(), *float8]:
             ctx.logger.info("applied TorchTitan compatibility patch: %s", name)
         import torch.distributed as dist
 
         from primus.backends.torchtitan.hooks import with_primus_components
 
         plan.log_derived(ctx)
-        cfg = plan.engine_config
         if ctx.resume and not cfg.checkpoint.enable:
             ctx.logger.warning("--resume given but checkpoint.enable is false: starting from step 0")
         if cfg.checkpoint.enable and cfg.checkpoint.load_step < 0:  # (rel, #16) skip a damaged newest checkpoint
@@ -178,6 +181,18 @@ def _params(module: ModuleConfig, derived: list) -> dict[str, Any]:
     if tiny_assets_dir(module.params) is not None:
         _build_tiny_sft_assets(module, lambda message: None)
     return hf_start.with_hf_start(module.params, module.stage, derived, prefix=f"modules.{module.name}")
+
+
+def _admit_float8(module: ModuleConfig) -> None:
+    """A float8 converter this host cannot run stops the launch in one line (``float8.py``)."""
+    from primus.backends.torchtitan.float8 import admission_refusal
+    from primus.plan.target import host_target
+
+    target = host_target()
+    problem = admission_refusal(module.params, target)
+    if problem:
+        key, reason = problem
+        raise ConfigError(f"modules.{module.name}.{key}: cannot run on {target.describe()} ({reason})")
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:

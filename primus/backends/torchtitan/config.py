@@ -30,6 +30,7 @@ from primus.config.provenance import Provenance
 from primus.config.schema import validate_model
 from primus.backends.torchtitan.model import ATTENTION_BACKENDS, build_model_spec
 from primus.backends.torchtitan.ranges import check_ranges, non_finite_numbers
+from primus.plan.target import Target
 
 PRIMUS_KEYS = ("model", "attn_backend", "primus")
 OWNED_BY_PRIMUS = {"dump_folder": "the run directory", "model_spec": "the `model:` preset"}
@@ -123,6 +124,7 @@ def _model(params: dict[str, Any], attn: str, ctx: BuildContext):
     if not isinstance(block, dict):
         raise ctx.fail("model", "must be a mapping: the neutral Llama keys (n_layers, dim, ...) or a TorchTitan "
                                 "registry model (name, flavor)")
+    block = {key: value for key, value in block.items() if key != "converters"}  # float8.py
     if not registry.is_registry_model(block):
         spec = validate_model(ModelSpec, block, ctx.provenance or Provenance(), f"{ctx.prefix}.model")
         return build_model_spec(spec, attn), spec
@@ -148,9 +150,8 @@ def _llama4(block: dict[str, Any], ctx: BuildContext):
                                        f"{', '.join(llama4.FLAVORS)}")
     allowed = ["name", "flavor", *llama4.OVERRIDES]
     for key in [*(model.model_extra or {}), *(k for k in ("load_balance_coeff",) if getattr(model, k) is not None)]:
-        if key != "converters":
-            raise ctx.fail(f"model.{key}", f"unknown key for Llama 4{did_you_mean(key, allowed)}; known: "
-                                           f"{', '.join(allowed)}")
+        raise ctx.fail(f"model.{key}", f"unknown key for Llama 4{did_you_mean(key, allowed)}; known: "
+                                       f"{', '.join(allowed)}")
     overrides = {key: getattr(model, key) for key in llama4.OVERRIDES}
     config = llama4.text_config(model.flavor, overrides)
     if config.num_experts_per_tok > config.num_local_experts:
@@ -257,6 +258,7 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         if cfg.activation_checkpoint is None:
             native.pop("activation_checkpoint")
     apply_tree(cfg, native, ctx)
+    _float8(cfg, params["model"], device, ctx)
     check_ranges(cfg, ctx.fail)
     _check_parallelism(cfg, spec, ctx)
     if hasattr(cfg, "hf_model"):
@@ -277,6 +279,33 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
 
         ctx.derived += finish_sft_config(cfg, attn, ctx.fail)
     return cfg, spec, ctx.derived
+
+
+def _float8(cfg: Any, block: dict[str, Any], device: str, ctx: BuildContext) -> None:
+    """``model.converters.float8``: TorchTitan's float8 converter on the model config (``float8.py``),
+    applied where this host can run it; elsewhere the run is refused before it starts (``prepare``)."""
+    from primus.backends.torchtitan import float8
+    from primus.plan.target import host_target
+
+    settings = float8.parse_converters(block.get("converters"), ctx.fail)
+    if settings is None:
+        return
+    if hasattr(cfg, "hf_model"):
+        ctx.derived.append(("model.converters.float8", "not applied", f"{float8.NOT_ON_HF_BACKEND}; a run is refused"))
+        return
+    compile_enabled = cfg.compile.enable and "model" in cfg.compile.components
+    if settings.emulate and compile_enabled:
+        raise ctx.fail("model.converters.float8.emulate", "true with compile.enable: torchao's emulation runs "
+                                                          "in eager mode only")
+    problem = float8.refusal(settings, host_target() if device == "cuda" else Target("cpu"))
+    if problem:
+        ctx.derived.append(("model.converters.float8", "not applied here", f"{problem}; a run here is refused"))
+        return
+    cfg.model_spec.model = float8.convert(cfg.model_spec.model, settings, compile_enabled=compile_enabled)
+    count = float8.converted_linears(cfg.model_spec.model)
+    ctx.derived.append(("model.converters.float8", f"{settings.recipe_name}, {count} Linear layers",
+                        "TorchTitan's Float8LinearConverter on torchao (Linear layers with every dim a multiple "
+                        "of 16, minus filter_fqns)" + ("; emulated" if settings.emulate else "")))
 
 
 def _check_parallelism(cfg: Any, spec: ModelSpec, ctx: BuildContext) -> None:

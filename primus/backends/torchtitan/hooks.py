@@ -11,22 +11,30 @@ managers (the managers document ``_should_save`` as the hook to override). So:
   ``PrimusTrainer.forward_backward_step`` stops on a non-finite step loss before the update, read
   from the values as every backend does (``steps.py``);
 - a stop request (SIGTERM) makes ``PrimusCheckpointManager`` save this step whatever the interval,
-  and ``PrimusTrainer.should_continue_training`` end the loop after it.
+  and ``PrimusTrainer.should_continue_training`` end the loop after it;
+- the step's phases (``RunContext.phase``: data wait, forward+backward, optimizer, checkpoint,
+  evaluation) are marked around TorchTitan's own ``batch_generator``, ``forward_backward_step``,
+  optimizer ``step``, checkpoint ``_save`` and ``validate`` (``time_phases``).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from torchtitan.components.checkpointer.base import MODEL
 from torchtitan.components.checkpointer.dcp import CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from primus.backends.torchtitan.steps import ExpertLoad, StepLoss, global_loss
+from primus.runtime.checkpoints import check_model_matches, gathered
 from primus.runtime.metrics import EvalReport, StepReport
+from primus.runtime.phases import timed_iterator
 
 
 def _as(config_cls: type, config: Any) -> Any:
@@ -55,15 +63,41 @@ class PrimusMetricsProcessor(MetricsProcessor):
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
 
 
+def check_torchtitan_checkpoint(path, states: dict[str, Any]) -> None:
+    """The checkpoint's model tensors (its keys without the optimizer's, dataloader's, ... prefixes)
+    against the model's flattened state dict, as TorchTitan saves it (global shapes, every rank's)."""
+    model = gathered({key: tuple(value.shape) for key, value in states[MODEL].state_dict().items()
+                      if hasattr(value, "shape")})
+    others = tuple(f"{name}." for name in states if name != MODEL) + tuple(name for name in states if name != MODEL)
+    check_model_matches(path, model, lambda key: not key.startswith(others))
+
+
 class PrimusCheckpointManager(CheckpointManager):
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
         pass
 
     save_now = False  # set when a stop was requested: checkpoint this step whatever the interval
+    timing: Any = nullcontext()  # the "checkpoint" phase, once attached to a run
 
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
         return super()._should_save(curr_step, last_step or self.save_now)
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        with self.timing:
+            return super()._save(curr_step, last_step)
+
+    def _load(self, step: int = -1) -> bool:
+        """Before DCP loads a checkpoint of this run (which would silently take the tensors the model
+        asks for and ignore the others): its model tensors must be exactly the model's."""
+        from pathlib import Path
+
+        if os.path.isdir(self.folder):
+            load_step = self._find_load_step() if step == -1 else step
+            path = Path(self._create_checkpoint_id(load_step)) if load_step != -1 else None
+            if path is not None and (path / ".metadata").is_file() and MODEL in self.states:
+                check_torchtitan_checkpoint(path, self.states)
+        return super()._load(step)
 
 
 class PrimusTrainer(Trainer):
@@ -82,6 +116,10 @@ class PrimusTrainer(Trainer):
         self.step_loss = StepLoss(self)
         if isinstance(self.metrics_processor, PrimusMetricsProcessor):
             self.metrics_processor.primus_ctx = ctx
+        time_phases(self, ctx)
+
+    def batch_generator(self, data_iterable: Any) -> Any:
+        return timed_iterator(super().batch_generator(data_iterable), self.ctx.phase("data"))
 
     @property
     def tokens_per_step(self) -> int:
@@ -92,7 +130,8 @@ class PrimusTrainer(Trainer):
         return training.local_batch_size * dp * training.seq_len
 
     def forward_backward_step(self, **kwargs: Any) -> Any:
-        loss = super().forward_backward_step(**kwargs)
+        with self.ctx.phase("compute"):
+            loss = super().forward_backward_step(**kwargs)
         if self.ctx is not None and self.ctx.stop_on_non_finite_loss:
             value = self.step_loss.add(loss)
             if value is not None and not math.isfinite(value):  # the step is recorded, then NonFiniteLoss
@@ -133,6 +172,23 @@ class PrimusHFTrainer(PrimusTrainer):
     @dataclass(kw_only=True, slots=True)
     class Config(PrimusTrainer.Config):
         hf_model: str = ""
+
+
+def _timed(method: Any, phase: Any) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with phase:
+            return method(*args, **kwargs)
+
+    return timed
+
+
+def time_phases(trainer: PrimusTrainer, ctx: Any) -> None:
+    """The phases outside ``train_step``'s own overrides, on this trainer's components only."""
+    trainer.optimizers.step = _timed(trainer.optimizers.step, ctx.phase("optimizer"))
+    if isinstance(trainer.checkpointer, PrimusCheckpointManager):
+        trainer.checkpointer.timing = ctx.phase("checkpoint")
+    if getattr(trainer, "validator", None) is not None and hasattr(trainer.validator, "validate"):
+        trainer.validator.validate = _timed(trainer.validator.validate, ctx.phase("eval"))
 
 
 def with_primus_components(cfg: Trainer.Config) -> PrimusTrainer.Config:

@@ -526,24 +526,70 @@ _hf_applied: list[str] = []
 def apply_hf_backend_patches() -> list[str]:
     """The transformers-backend patches needed here, once per process (after ``apply_patches``)."""
     apply_patches()
-    if not _hf_applied:
-        for patch in HF_BACKEND_PATCHES:
-            if patch.applies():
-                patch.apply()
-                _hf_applied.append(patch.name)
-        _hf_applied.append("")
-    return [name for name in _hf_applied if name]
+    return _apply_once(HF_BACKEND_PATCHES, _hf_applied)
+
+
+# --- float8 training (``float8.py``): applied only when a model is converted (importing the converter
+# imports torchao, which other TorchTitan runs do not need).
+
+
+def float8_on_cpu() -> None:
+    """TorchTitan 0.3.0's ``Float8LinearConverter`` admits only NVIDIA SM 8.9+ or AMD gfx942+ GPUs
+    (``has_cuda_capability(8, 9) or has_rocm_capability(9, 4)``) or ``emulate``, because torchao's
+    float8 GEMM is ``torch._scaled_mm``; on a CPU host torch 2.13's ``_scaled_mm`` has float8 kernels
+    (tensorwise and rowwise scales), so the converter's hardware check answers yes there. Emulation is
+    not the answer: with ``emulate`` the converter builds torchao's tensorwise config whatever the recipe."""
+    import torchtitan.components.quantization.float8 as float8
+
+    original = float8.Float8LinearConverter.__init__
+    if getattr(original, "_primus_patched", False):
+        return
+
+    def init_on_cpu(self, config) -> None:
+        gate = float8.has_cuda_capability
+        float8.has_cuda_capability = lambda major, minor: True  # this host's CPU: float8 _scaled_mm
+        try:
+            original(self, config)
+        finally:
+            float8.has_cuda_capability = gate
+
+    init_on_cpu._primus_patched = True
+    float8.Float8LinearConverter.__init__ = init_on_cpu
+
+
+def _cpu_has_float8_scaled_mm() -> bool:
+    from primus.backends.torchtitan.float8 import cpu_scaled_mm_float8
+
+    return _no_cuda() and importlib.util.find_spec("torchao") is not None and cpu_scaled_mm_float8()
+
+
+FLOAT8_PATCHES = [
+    Patch("float8_on_cpu", float8_on_cpu.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
+          _cpu_has_float8_scaled_mm, float8_on_cpu),
+]
+_float8_applied: list[str] = []
+
+
+def apply_float8_patches() -> list[str]:
+    """The float8 patches needed here, once per process (after ``apply_patches``)."""
+    apply_patches()
+    return _apply_once(FLOAT8_PATCHES, _float8_applied)
 
 
 _applied: list[str] = []
 
 
-def apply_patches() -> list[str]:
-    """Apply every patch that is needed here, once per process; return their names."""
-    if not _applied:
-        for patch in PATCHES:
+def _apply_once(patches: list[Patch], applied: list[str]) -> list[str]:
+    """Apply each of ``patches`` needed here, once per process (``applied`` records it); their names."""
+    if not applied:
+        for patch in patches:
             if patch.applies():
                 patch.apply()
-                _applied.append(patch.name)
-        _applied.append("")  # marks "done" even when nothing applied
-    return [name for name in _applied if name]
+                applied.append(patch.name)
+        applied.append("")  # marks "done" even when nothing applied
+    return [name for name in applied if name]
+
+
+def apply_patches() -> list[str]:
+    """Apply every patch that is needed here, once per process; return their names."""
+    return _apply_once(PATCHES, _applied)

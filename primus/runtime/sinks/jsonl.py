@@ -1,5 +1,5 @@
-"""metrics.jsonl: one JSON object per step (and per validation pass, ``"kind": "eval"``),
-flushed, the run's record of truth."""
+"""metrics.jsonl: one JSON object per step, per validation pass (``"kind": "eval"``) and per
+event (``{"event": kind, ...}``), flushed: the run's record of truth."""
 from __future__ import annotations
 
 import json
@@ -26,6 +26,9 @@ class JsonlSink(MetricSink):
         self._file = reopen_if_deleted(self._file, self.path, _warn_reopened)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+
+    def event(self, record: dict) -> None:
+        self._append(record)
 
     def close(self, status: str = "completed") -> None:
         self._file.close()

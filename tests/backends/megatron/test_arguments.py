@@ -68,6 +68,13 @@ def test_bad_value_type_names_key_and_value():
      "layers per pipeline stage (4 / 2 = 2) is not divisible by num_layers_per_virtual_pipeline_stage (3)"),
     ({"tensor_model_parallel_size": 2}, 3,
      "world size (3) is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size (2 x 1 = 2)"),
+    ({"context_parallel_size": 2, "seq_length": 66}, None,
+     "seq_length (66) is not a multiple of 2 x context_parallel_size (4): each context-parallel rank takes two "
+     "chunks (Megatron-LM's rule)"),
+    ({"context_parallel_size": 4, "cp_comm_type": ["a2a+p2p"], "hierarchical_context_parallel_sizes": [2, 3]},
+     None, "hierarchical_context_parallel_sizes [2, 3] does not multiply to context_parallel_size (4)"),
+    ({"context_parallel_size": 2, "micro_batch_size": 1, "global_batch_size": 3}, 4,
+     "global_batch_size (3) is not divisible by micro_batch_size x data-parallel size (1 x 2 = 2)"),
     ({"micro_batch_size": 2, "global_batch_size": 6}, 2,
      "global_batch_size (6) is not divisible by micro_batch_size x data-parallel size (2 x 2 = 4)"),
     ({"micro_batch_size": 4, "global_batch_size": 6}, None, "global_batch_size (6) is not divisible by micro_batch_size (4)"),

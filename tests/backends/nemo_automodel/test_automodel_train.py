@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import read_metrics, refused_in_process, train_in_process, train_with_torchrun
+from tests.helpers import read_events, read_metrics, refused_in_process, train_in_process, train_with_torchrun
 
 pytestmark = pytest.mark.e2e
 
@@ -69,16 +69,25 @@ def test_checkpoint_resume_continues_from_saved_step(tiny_params, tmp_path):
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]  # metrics.jsonl appends: 3, 4 come from the resumed run
 
 
-def test_two_ranks_fsdp2_over_gloo(tiny_params, tmp_path):
-    _, params = tiny_params()
-    proc = train_with_torchrun(tmp_path / "run", "nemo_automodel", params, nproc=2)
+def test_two_ranks_fsdp2_over_gloo_and_the_step_hooks_time_each_rank(tiny_params, tmp_path):
+    """Rank 1's forward+backward made twice as long (slow@rank1:x2): the step hooks' phases name it."""
+    _, params = tiny_params(step_scheduler={"max_steps": 3, "ckpt_every_steps": 3},
+                            primus={"stragglers": {"interval": 3}})
+    proc = train_with_torchrun(tmp_path / "run", "nemo_automodel", params, nproc=2,
+                               env={"PRIMUS_FAULT_INJECT": "slow@rank1:x2"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert all((tmp_path / "run" / "logs" / "pre_trainer" / f"rank-{r}" / "info.log").exists() for r in (0, 1))
     metrics = read_metrics(tmp_path / "run")
-    assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["extra"]["micro_batches"] == 1 for m in metrics)  # dp=2: one micro-batch per rank
     assert all(m["samples_per_sec_per_gpu"] * 2 == pytest.approx(m["samples_per_sec"]) for m in metrics)
+    [ranks] = read_events(tmp_path / "run", "ranks")  # steps 2-3 (the first step is left out)
+    assert ranks["steps"] == [2, 3] and all(c > 0 for c in ranks["compute"]) and all(o > 0 for o in ranks["optimizer"])
+    assert ranks["compute"][1] > 1.5 * ranks["compute"][0]
+    assert [(s["rank"], s["phase"]) for s in read_events(tmp_path / "run", "straggler")] == [(1, "compute")]
+    [worker] = read_events(tmp_path / "run", "worker")  # rank 0's save at step 3, timed for the goodput
+    assert worker["checkpoint_s"] > 0
 
 
 @pytest.mark.parametrize("caption_format", ["meta_json", "csv", "txt"])

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tests.conftest import TINY_EXAMPLE, assert_seed_train_lines
+from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e]
 pytest.importorskip("torchtitan")
@@ -18,7 +19,7 @@ def _run_dir(workspace, exp_name):
 
 
 def _metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run_dir)
 
 
 def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, workspace):

@@ -1,5 +1,4 @@
 """TorchTitan's own MoE (DeepSeek-V3 tiny) through `primus train`, experts split over 2 CPU ranks."""
-import json
 from pathlib import Path
 
 import pytest
@@ -8,6 +7,7 @@ pytestmark = [pytest.mark.e2e]
 pytest.importorskip("torchtitan")
 
 from tests.conftest import ROOT  # noqa: E402
+from tests.helpers import read_metrics
 
 MOE_EXAMPLE = ROOT / "examples" / "torchtitan" / "deepseek_v3_tiny-moe-pretrain.yaml"
 # fp32 compute: on a CPU with AVX512-BF16/AMX Primus keeps FSDP2's bf16 policy, whose rounding
@@ -16,8 +16,7 @@ FP32 = "training.mixed_precision_param=float32"
 
 
 def _rows(workspace: Path, exp_name: str) -> list[dict]:
-    path = workspace / "amd" / "root" / exp_name / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return read_metrics(workspace / "amd" / "root" / exp_name)
 
 
 def test_ep2_trains_matches_ep1_and_resumes(run_primus, workspace):

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from primus.backends.torchtitan.patches import PATCHES  # noqa: E402
+from primus.backends.torchtitan.patches import FLOAT8_PATCHES, PATCHES  # noqa: E402
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
@@ -18,7 +18,8 @@ def test_patches_are_named_gated_and_explained():
     assert names == ["cpu_device_type", "triton_import_stub", "set_timeout_alias", "gloo_sum_reduction",
                      "sharded_init_on_cpu", "pipeline_presplit_microbatches", "peak_flops_from_primus_table",
                      "checkpoint_on_transient_group"]
-    for patch in PATCHES:
+    assert [p.name for p in FLOAT8_PATCHES] == ["float8_on_cpu"]  # applied only when a model is converted
+    for patch in PATCHES + FLOAT8_PATCHES:
         assert patch.why and str(patch.versions) and patch.applies() in (True, False)
 
 
@@ -145,3 +146,30 @@ def test_peak_flops_from_primus_table():
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert "fallback" not in fixed.stdout and "lspci" not in fixed.stdout
     assert fixed.stdout.split() == ["inf", "1307400000000000.0"]  # Primus' table, the one MFU uses
+
+
+FLOAT8_CONVERTER = """
+from primus.backends.torchtitan.patches import apply_patches, apply_float8_patches
+apply_patches()
+{patch}
+from torchtitan.components.quantization.float8 import Float8LinearConverter
+from torchao.float8 import Float8LinearConfig
+try:
+    converter = Float8LinearConverter.Config(recipe_name="rowwise").build()
+except ValueError as error:
+    print("refused:", error)
+else:
+    print("built", converter.torchao_config == Float8LinearConfig.from_recipe_name("rowwise"))
+"""
+
+
+def test_float8_on_cpu():
+    import torch
+
+    pytest.importorskip("torchao")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU host asks its own capability")
+    bare = _python(FLOAT8_CONVERTER.format(patch=""))
+    assert "refused: Failed to swap to Float8Linear because float8 is only supported on NVIDIA SM89" in bare.stdout
+    fixed = _python(FLOAT8_CONVERTER.format(patch="print(apply_float8_patches())"))
+    assert fixed.stdout.split("\n")[:2] == ["['float8_on_cpu']", "built True"], fixed.stdout + fixed.stderr[-2000:]

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
 from tests.conftest import TINY_EXAMPLE  # noqa: E402
+from tests.helpers import read_metrics
 
 PROBE = Path(__file__).with_name("init_probe.py")
 LLAMA = {"n_layers": 2, "dim": 128, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32, "vocab_size": 512,
@@ -80,8 +81,7 @@ def test_without_the_patch_every_rank_initialises_the_same_shard(tmp_path, tiny_
 
 
 def _losses(workspace: Path, exp_name: str) -> list[float]:
-    path = workspace / "amd" / "root" / exp_name / "metrics.jsonl"
-    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+    return [r["loss"] for r in read_metrics(workspace / "amd" / "root" / exp_name)]
 
 
 def test_two_rank_loss_curves_match_one_rank(run_primus, workspace):

@@ -1,0 +1,140 @@
+"""Float8 training on TorchTitan 0.3.0's own converter (``Float8LinearConverter``, on torchao).
+
+In an experiment::
+
+    model:
+      ...                       # the neutral Llama keys or a registry name/flavor
+      converters:
+        float8: {recipe_name: rowwise, filter_fqns: [lm_head]}
+
+TorchTitan 0.3.0 applies a converter to the model's config tree before the model is built (its
+``model_registry(flavor, converters=[...])``): every ``Linear`` whose dims are multiples of 16,
+except those named in ``filter_fqns``, becomes torchao's ``Float8Linear``. The keys are the
+converter's ``Config`` fields; ``model_compile_enabled`` is Primus's (from ``compile``).
+
+Recipes (torchao's ``Float8LinearConfig.from_recipe_name``): ``rowwise`` (TorchTitan 0.3.0's
+default), ``rowwise_with_gw_hp`` and ``tensorwise`` (TorchTitan 0.2's recipe when none was named;
+0.3.0's type hint omits it but its converter passes the name to torchao unchanged).
+
+Where it runs: torchao's float8 GEMMs (``torch._scaled_mm``) need FP8 units on a GPU (NVIDIA SM
+8.9+, AMD MI300+), or the CPU, whose ``torch._scaled_mm`` runs float8 in torch 2.13 (TorchTitan's
+converter checks only for the GPUs: the ``float8_on_cpu`` patch). ``emulate: true`` runs torchao's
+emulation on any device (eager mode, for tests).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from primus.plan.target import Target, has_fp8_gemm
+
+Recipe = Literal["rowwise", "rowwise_with_gw_hp", "tensorwise"]
+RECIPES = get_args(Recipe)
+CONVERTERS = ("float8",)  # Primus's names in model.converters (TorchTitan 0.3.0's Float8LinearConverter)
+NOT_WIRED = {"mx": "TorchTitan's MXFP8 converter (needs NVIDIA SM 10.0+)",
+             "nvfp4": "TorchTitan's NVFP4 converter (needs NVIDIA SM 10.0+)",
+             "float8_grouped_experts": "float8 MoE grouped GEMMs (TorchTitan's Float8GroupedExpertsConverter)"}
+NOT_ON_HF_BACKEND = ("Llama 4 runs on TorchTitan's transformers backend, whose layers the float8 converter does "
+                     "not convert")
+
+
+class Float8Settings(BaseModel):
+    """``Float8LinearConverter.Config``'s fields an experiment sets (tests check them against it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe_name: Recipe = "rowwise"
+    filter_fqns: list[str] = []
+    emulate: bool = False
+
+
+def parse_converters(block: Any, fail) -> Float8Settings | None:
+    """``model.converters`` -> the float8 settings (None: no converter); one-line errors via ``fail``."""
+    if block in (None, {}):
+        return None
+    if not isinstance(block, dict):
+        raise fail("model.converters", f"{block!r}: a mapping of converter name to its settings, "
+                                       "e.g. {float8: {recipe_name: rowwise}}")
+    for name in block:
+        if name in NOT_WIRED:
+            raise fail(f"model.converters.{name}", f"{NOT_WIRED[name]} is not wired in Primus; "
+                                                   f"wired: {', '.join(CONVERTERS)}")
+        if name not in CONVERTERS:
+            from primus.config.errors import did_you_mean
+
+            raise fail(f"model.converters.{name}", f"unknown converter{did_you_mean(str(name), CONVERTERS)}; "
+                                                   f"known: {', '.join(CONVERTERS)}")
+    try:
+        settings = Float8Settings.model_validate(block["float8"] or {})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(["model.converters.float8", *(str(part) for part in error["loc"])])
+        raise fail(key, f"{error.get('input')!r}: {error['msg']}") from None
+    if settings.emulate and settings.recipe_name != "tensorwise":
+        raise fail("model.converters.float8.emulate", f"true with recipe_name {settings.recipe_name}: TorchTitan "
+                   "0.3.0's emulation always builds torchao's tensorwise config, so the recipe would be ignored; "
+                   "use recipe_name: tensorwise, or emulate: false")
+    return settings
+
+
+def refusal(settings: Float8Settings, target: Target) -> str | None:
+    """Why float8 training cannot run on ``target`` (None: it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed (primus prepare torchtitan installs torchao==0.18.0)"
+    if settings.emulate or (target.gpu and has_fp8_gemm(target)):
+        return None
+    if not target.gpu:
+        return None if cpu_scaled_mm_float8() else "this torch's CPU torch._scaled_mm has no float8 kernels"
+    return (f"torchao's float8 GEMMs need FP8 units (NVIDIA SM 8.9+: L40S, H100, H200, B200; AMD gfx942+: MI300X, "
+            f"MI325X, MI355X); {target.describe()} has none (model.converters.float8.emulate: true emulates it, "
+            "for tests)")
+
+
+def admission_refusal(params: dict[str, Any], target: Target) -> tuple[str, str] | None:
+    """``(key, reason)`` when the module's float8 converter cannot run on ``target``; None when it can
+    (or no converter is set). The launcher asks this before any rank starts."""
+    from primus.config.errors import ConfigError
+
+    model = params.get("model") or {}
+    settings = parse_converters(model.get("converters"), lambda key, message: ConfigError(f"{key}: {message}"))
+    if settings is not None and model.get("name") == "llama4":
+        return "model.converters.float8", NOT_ON_HF_BACKEND
+    problem = refusal(settings, target) if settings is not None else None
+    return ("model.converters.float8", problem) if problem else None
+
+
+def cpu_scaled_mm_float8() -> bool:
+    """torch's CPU ``_scaled_mm`` multiplies float8 matrices (torch 2.13 does, tensorwise and rowwise)."""
+    import torch
+
+    try:
+        a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+        one = torch.ones(())
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        return True
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+def convert(model_config: Any, settings: Float8Settings, *, compile_enabled: bool) -> Any:
+    """The model config tree with TorchTitan's float8 converter applied, as ``model_registry`` does."""
+    from primus.backends.torchtitan.patches import apply_float8_patches
+
+    apply_float8_patches()
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+
+    config = Float8LinearConverter.Config(model_compile_enabled=compile_enabled, **settings.model_dump())
+    return config.build().convert(model_config)
+
+
+def converted_linears(model_config: Any) -> int:
+    """How many Linear configs of the tree are float8 now (0: every dim failed the multiple-of-16 rule)."""
+    from torchtitan.components.quantization.float8 import Float8Linear
+    from torchtitan.models.common.linear import Linear
+
+    if Float8Linear is None:  # torchao not installed
+        return 0
+    return sum(isinstance(config, Float8Linear.Config) for _, config, _, _ in model_config.traverse(Linear.Config))
