@@ -12,6 +12,7 @@ from primus.runtime.faults import maybe_inject
 from primus.runtime.instruments import Instruments
 from primus.runtime.phases import PhaseClock
 from primus.runtime.preemption import StopSignal
+from primus.runtime.sample_hash import BatchDigest
 from primus.runtime.metrics import EvalMetrics, EvalReport, MetricsReporter, StepMetrics, StepReport
 
 
@@ -45,6 +46,7 @@ class RunContext:
     stop: StopSignal = field(default_factory=StopSignal)
     stop_on_non_finite_loss: bool = True  # a backend turns it off when the user asked to continue
     save_last_checkpoint: bool = True  # primus.save_last_checkpoint (AMD Primus: disable_last_saving)
+    samples: BatchDigest | None = None  # primus.sample_hashes: what this rank fed since the last step
     # the rank's phase clock, straggler report and watchdog (primus.runtime.instruments)
     instruments: Instruments = field(default_factory=lambda: Instruments(PhaseClock(), None, None, 0))
 
@@ -65,6 +67,8 @@ class RunContext:
         norm are global) before the engine can checkpoint a NaN state. The values decide, never an
         engine's message."""
         events = self.instruments.after_step(report.step, report.step_time_s)  # every rank: may gather
+        if self.samples is not None and report.sample_hash is None:
+            report.sample_hash = self.samples.finish()  # every rank: gathers the step's samples
         metrics = self.reporter.report(report)
         for event in events:
             self.reporter.event(event)

@@ -146,10 +146,18 @@ def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, mic
     """
     import torch
 
-    step = micro_batch_size * dp_size
     out = []
-    for start in range(consumed_samples, consumed_samples + global_batch_size, step):
-        first = start + dp_rank * micro_batch_size
-        samples = [dataset[(first + k) % len(dataset)] for k in range(micro_batch_size)]
+    for indices in sample_indices(consumed_samples=consumed_samples, global_batch_size=global_batch_size,
+                                  micro_batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size):
+        samples = [dataset[index % len(dataset)] for index in indices]
         out.append({key: torch.stack([s[key] for s in samples]).to(device, non_blocking=True) for key in samples[0]})
     return out
+
+
+def sample_indices(*, consumed_samples: int, global_batch_size: int, micro_batch_size: int, dp_rank: int,
+                   dp_size: int) -> list[list[int]]:
+    """The global sample indices of this rank's micro-batches (``micro_batches``' order): the same
+    samples make the same global batch whatever the data-parallel size."""
+    step = micro_batch_size * dp_size
+    return [[start + dp_rank * micro_batch_size + k for k in range(micro_batch_size)]
+            for start in range(consumed_samples, consumed_samples + global_batch_size, step)]

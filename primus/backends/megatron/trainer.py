@@ -14,7 +14,7 @@ from pathlib import Path
 
 from primus.backends.megatron import checkpoint as ckpt
 from primus.backends.megatron.arguments import MegatronArgs
-from primus.backends.megatron.data import build_datasets, build_tokenizer, micro_batches
+from primus.backends.megatron.data import build_datasets, build_tokenizer, micro_batches, sample_indices
 from primus.backends.megatron.model import (
     Derived,
     build_model,
@@ -259,9 +259,13 @@ class MegatronTrainer:
             config.param_sync_func = sync[0] if len(sync) == 1 else sync
 
     def _batches(self, dataset, consumed: int):
-        return timed_iterator(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
-                                            micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank,
-                                            dp_size=self.dp, device=self.device), self.ctx.phase("data"))
+        layout = dict(consumed_samples=consumed, global_batch_size=self.gbs, micro_batch_size=self.args.micro_batch_size,
+                      dp_rank=self.dp_rank, dp_size=self.dp)
+        batches = micro_batches(dataset, device=self.device, **layout)
+        if self.ctx.samples is not None and dataset is self.train_ds:  # primus.sample_hashes
+            for indices, batch in zip(sample_indices(**layout), batches):
+                self.ctx.samples.add(batch["tokens"], keys=indices)
+        return timed_iterator(batches, self.ctx.phase("data"))
 
     def _data_iterator(self, dataset, consumed: int):
         # Interleaved schedules take one iterator per model chunk; each chunk sees the same batches.

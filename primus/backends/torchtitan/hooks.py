@@ -31,7 +31,7 @@ from torchtitan.components.checkpointer.dcp import CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
-from primus.backends.torchtitan.steps import ExpertLoad, StepLoss, global_loss
+from primus.backends.torchtitan.steps import ExpertLoad, StepLoss, batch_rank, global_loss
 from primus.runtime.checkpoints import check_model_matches, gathered
 from primus.runtime.metrics import EvalReport, StepReport
 from primus.runtime.phases import timed_iterator
@@ -119,7 +119,10 @@ class PrimusTrainer(Trainer):
         time_phases(self, ctx)
 
     def batch_generator(self, data_iterable: Any) -> Any:
-        return timed_iterator(super().batch_generator(data_iterable), self.ctx.phase("data"))
+        batches = timed_iterator(super().batch_generator(data_iterable), self.ctx.phase("data"))
+        if self.ctx.samples is None:
+            return batches
+        return self.ctx.samples.recorded(batches, rows=lambda batch: batch[0]["input"], group_rank=batch_rank(self))
 
     @property
     def tokens_per_step(self) -> int:

@@ -61,6 +61,13 @@ def global_loss(trainer: Any, loss: float) -> float:
     return float(value.item())
 
 
+def batch_rank(trainer: Any) -> int:
+    """This rank's place among the ranks that load different batches (TorchTitan's ``batch`` mesh, as
+    its trainer hands ``dp_rank`` to the dataloader)."""
+    dims = trainer.parallel_dims
+    return dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
+
+
 class ExpertLoad:
     """Routed tokens per expert of this rank's batch, read after each forward pass.
 
