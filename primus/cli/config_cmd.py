@@ -18,6 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     validate.add_argument("exp")
     validate.add_argument("--no-engine", action="store_true", help="skip the engine-level checks")
     validate.add_argument("--check-paths", action="store_true", help="also require data/tokenizer paths to exist")
+    validate.add_argument("--device", metavar="NAME", help="admit the run for this device (mi300x, mi355x, h100 ...; "
+                                                           "default: this host's)")
     validate.set_defaults(handler=_validate, accepts_overrides=True)
 
 
@@ -40,17 +42,24 @@ def _show(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
-    from primus.launch.job import plan_module, validate_keys
+    from primus.launch.job import admit_module, plan_module, validate_keys
+    from primus.plan.target import target_for
 
+    target = target_for(args.device)  # an unknown device is a user error before any parsing
     resolved = _resolve(args, overrides)
+    lines = []
     for module in resolved.modules.values():
         if args.no_engine:  # every key against the backend's own tables, without importing the engine
-            checked = validate_keys(resolved, module)
-            print(f"OK {args.exp}: modules.{module.name} ({module.framework}, "
-                  f"{'keys checked, engine not imported' if checked else 'schema only'})")
+            planned = validate_keys(resolved, module, target)
+            admission = admit_module(resolved, module, *planned, target) if planned else None
+            lines.append(f"OK {args.exp}: modules.{module.name} ({module.framework}, "
+                         f"{'keys checked, engine not imported' if planned else 'schema only'})")
         else:
-            adapter, _ = plan_module(resolved, module, check_paths=args.check_paths)
-            print(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
-        for translation in module.translations:  # AMD Primus names (primus/compat)
-            print(f"  {translation.line()}")
+            adapter, plan = plan_module(resolved, module, check_paths=args.check_paths, target=target)
+            admission = admit_module(resolved, module, adapter, plan, target)
+            lines.append(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
+        if admission is not None:
+            lines.append(f"  {admission.summary()}")
+        lines += [f"  {translation.line()}" for translation in module.translations]  # AMD Primus names
+    print("\n".join(lines))
     return 0

@@ -2,8 +2,10 @@
 
 LLMs (TorchTitan, Megatron) through ``primus.plan.estimate``; Wan video diffusion (AutoModel)
 through ``primus.plan.diffusion``. The first line says the world size and the device the plan
-assumes, and where each came from. Exit status: 0 fits; 1 does not fit or the layout is wrong;
-2 a user error (unknown device, bad YAML). No torch import here: ``primus --help`` stays fast.
+assumes, and where each came from; the second whether the launch is admitted on that device
+(``primus.runtime.admission``; the plan's dtypes are that device's, never this host's CPU's). Exit
+status: 0 fits; 1 does not fit, the layout is wrong or the launch would be refused; 2 a user error
+(unknown device, bad YAML). No torch import here: ``primus --help`` stays fast.
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser(
         "plan", allow_abbrev=False, help="parameters, FLOPs and per-rank memory of an experiment",
         description="Estimate an experiment without a cluster: parameters, FLOPs per token/sample and step, memory "
-                    "per rank by component, and whether it fits --device. Exit 0 fits, 1 does not fit or "
-                    "the layout is wrong, 2 user error.")
+                    "per rank by component, whether it fits --device and whether a launch there is admitted. Exit 0 "
+                    "fits, 1 does not fit, the layout is wrong or the launch would be refused, 2 user error.")
     plan.add_argument("exp", help="experiment YAML")
     plan.add_argument("--device", type=non_empty_flag, help="device to fit: " + ", ".join(_device_names()))
     plan.add_argument("--nproc-per-node", type=count_flag(1), help="processes per node (env GPUS_PER_NODE, default 1)")
@@ -69,9 +71,10 @@ def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ
     return parts[0] * parts[1], f"{parts[0]} per node x {parts[1]} node(s) from {', '.join(sources)}"
 
 
-def _assumptions(world: int, source: str, device: str | None) -> str:
+def _assumptions(world: int, source: str, device: str | None, admission) -> str:
     shown = f"device {device} (--device)" if device else "no device (--device NAME to check that it fits)"
-    return f"plan for world size {world} ({source}), {shown}"
+    admitted = admission.summary() if admission.ok else f"NOT admitted on {admission.target.name}: {admission.error()}"
+    return f"plan for world size {world} ({source}), {shown}\n{admitted}"
 
 
 def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False,
@@ -109,20 +112,30 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
         from primus.cli.plan_project import run
 
         return run(args, overrides)
-    from primus.preflight.cli import load_experiment
+    from primus.preflight.cli import plan_experiment
+    from primus.plan.target import target_for
 
     if args.device:
         from primus.plan.estimate import device_memory_bytes
 
         device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
+    target = target_for(args.device)  # the plan's dtypes are the target's, never this host's CPU's
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
-    model, layout = load_experiment(args.exp, overrides, args.module, given)
+    plan, admission = plan_experiment(args.exp, overrides, args.module, given, target, admit=True)
+    model, layout = plan.model, plan.layout
     world = given or layout.world_size
     text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given)
+    if not admission.ok:  # the launch on that device would stop at admission: the plan says so, exit 1
+        code = max(code, 1)
     if args.json:
         data = json.loads(text)
-        text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device, **data}, indent=2)
+        text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device,
+                           "admission": {"target": admission.target.to_dict(), "admitted": admission.ok,
+                                         "refusals": [r.line(admission.module) for r in admission.refusals]},
+                           **data},
+                          indent=2)
     else:
-        text = _assumptions(world, source, args.device) + "\n" + text
+        vocabulary = [f"vocabulary        {d.value} ({d.reason})" for d in plan.derived if d.key == "vocab_size"]
+        text = "\n".join([_assumptions(world, source, args.device, admission), *vocabulary, text])
     print(text, file=sys.stdout)
     return code

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,40 +25,25 @@ class Loaded:
     options: Any  # ProjectionOptions
 
 
-def load(path: str, overrides: list[str], module_name: str | None, world: int | None, *, gpu: bool) -> Loaded:
+def load(path: str, overrides: list[str], module_name: str | None, world: int | None, *, gpu: bool,
+         device: str) -> Loaded:
+    """The experiment planned for ``device`` (``local``: this host): a named GPU's dtypes, never this host's
+    CPU's (the CPU bf16 rule is for runs on a CPU; ``primus.runtime.admission``)."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
+    from primus.plan.target import target_for
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
     backend_projection(module.framework)
-    with _keep_bf16(gpu):
-        adapter, engine_plan = plan_module(resolved, module, world, require_engine=False)
+    target = target_for(None if device.lower() == "local" else device)
+    adapter, engine_plan = plan_module(resolved, module, world, require_engine=False, target=target)
     if engine_plan.model is None or engine_plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name}: no model description to project (vocab_size unknown)")
     return Loaded(module.framework, module, adapter, engine_plan.model, engine_plan.layout,
                   projection_options(module.framework, engine_plan, gpu=gpu,
                                      translations=getattr(module, "translations", ())))
-
-
-@contextmanager
-def _keep_bf16(gpu: bool):
-    """A projection for a GPU keeps the experiment's bf16 whatever this host's CPU has: the Megatron
-    adapter's host-CPU rule (bf16 off without native bf16 units) is for runs on this CPU."""
-    from primus.plan.devices import CPU_BF16_ENV
-
-    saved = os.environ.get(CPU_BF16_ENV)
-    if gpu:
-        os.environ[CPU_BF16_ENV] = "force"
-    try:
-        yield
-    finally:
-        if gpu:
-            if saved is None:
-                os.environ.pop(CPU_BF16_ENV, None)
-            else:
-                os.environ[CPU_BF16_ENV] = saved
 
 
 def profile_for(device: str, ranks_per_node: int):
@@ -146,7 +129,7 @@ def run(args, overrides: list[str]) -> int:
         gpus = args.gpus_per_node or args.nproc_per_node or (1 if local else 8)
         check_world(nodes, gpus)
         profile = profile_for(args.device, gpus if local else 1)
-        loaded = load(args.exp, overrides, args.module, None, gpu=not _is_cpu(profile))
+        loaded = load(args.exp, overrides, args.module, None, gpu=not _is_cpu(profile), device=args.device)
         result = search_layouts(loaded, profile, nodes=nodes, gpus_per_node=gpus, top=args.top)
         if args.measure:
             from primus.cli.plan_measure import measure_rows
@@ -159,7 +142,7 @@ def run(args, overrides: list[str]) -> int:
     given, _ = world_size_of(args.nproc_per_node, args.nnodes)
     per_node = args.nproc_per_node or (given or 1)
     profile = profile_for(args.device, per_node if local else 1)
-    loaded = load(args.exp, overrides, args.module, given, gpu=not _is_cpu(profile))
+    loaded = load(args.exp, overrides, args.module, given, gpu=not _is_cpu(profile), device=args.device)
     print(project_text(loaded, profile, args.json), file=sys.stdout)
     return 0
 

@@ -68,6 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="refuse to touch an existing run directory")
     parser.add_argument("--dry-run", action="store_true", help="print what would run (command lines or the "
                                                                "sbatch script) and exit")
+    parser.add_argument("--device", metavar="NAME", help="with --dry-run: admit the run for this device (mi300x, "
+                                                         "mi355x, h100 ...; default: this host's)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show engine warnings and third-party progress bars on the console "
                              "(they are always in logs/.../warning.log, debug.log)")
@@ -97,7 +99,7 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.config.errors import ConfigError
     from primus.config.resolve import resolve_experiment
     from primus.launch import executors
-    from primus.launch.job import plan_module, run_training_job, select_module
+    from primus.launch.job import admit_module, launch_target, plan_module, run_training_job, select_module
     from primus.launch.plan import plan_from_config
     from primus.runtime.registry import backend_defaults, backend_derived
     from primus.runtime.rundir import RunDir
@@ -118,9 +120,10 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     module = select_module(resolved, args.module)
     # the flag wins; else the experiment's primus.resume (AMD Primus: auto_continue_train); else auto
     args.resume = args.resume or (module.params.get("primus") or {}).get("resume") or "auto"
+    target = launch_target(args.device, dry_run=args.dry_run or executor not in ("local", "multi-node"))
     if executor in ("local", "multi-node"):
         return run_training_job(resolved, module, plan_from_config(config), resume=args.resume,
-                                dry_run=args.dry_run, argv=["primus", *sys.argv[1:]])
+                                dry_run=args.dry_run, argv=["primus", *sys.argv[1:]], target=target)
 
     passthrough = [*(["--module", args.module] if args.module else []), *(["--verbose"] if args.verbose else []),
                    *({"always": ["--resume"], "never": ["--no-resume"]}.get(args.resume, []))]
@@ -132,7 +135,9 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
                                        name=f"primus-{resolved.spec.exp_name}-{config.node_rank or 0}")
     if not config.wraps_container:  # fail before queueing: the engine must accept every key
         nproc = config.nproc_per_node or config.slurm.gpus_per_node or 1
-        plan_module(resolved, module, nproc * (config.nnodes or 1))
+        adapter, plan = plan_module(resolved, module, nproc * (config.nnodes or 1), target=target)
+        if args.device:  # the nodes' device, named: admit here too (each node admits on its own device)
+            admit_module(resolved, module, adapter, plan, target)
     if not args.dry_run:
         run_dir.decide_resume(args.resume)  # refuse a completed run now, not after the queue wait
     if executor == "srun":

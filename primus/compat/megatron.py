@@ -29,7 +29,9 @@ AMD_TOKENIZER_TYPES = frozenset({
 
 
 def _tokenizer_type(value: Any, ctx, key: str) -> None:
-    if value not in AMD_TOKENIZER_TYPES:
+    # Llama2Tokenizer is Megatron-LM's own type too: a sentencepiece ``.model`` file keeps Megatron-LM's meaning
+    megatron_lm = value == "Llama2Tokenizer" and str(ctx.get("tokenizer_model") or "").endswith(".model")
+    if value not in AMD_TOKENIZER_TYPES or megatron_lm:
         ctx.params[key] = value  # a Megatron-LM type: the Megatron table checks it
         return
     ctx.set(key, "HuggingFaceTokenizer", key, f"AMD Primus's {value} is HuggingFaceTokenizer on "
@@ -211,7 +213,9 @@ RULES = table(
     kernel("no_fp8_weight_transpose_cache", "Transformer Engine FP8 weight-cache switch"),
     unsupported("enable_turbo_attention_float8", "FP8 attention needs Primus-Turbo (changes precision)"),
     unsupported("mxfp4_gradient_stochastic_rounding", "MXFP4 stochastic rounding needs Primus-Turbo"),
-    unsupported("use_sink_attention", "gpt-oss attention sinks need Primus-Turbo's attention"),
+    rename("use_sink_attention", "softmax_type", "gpt-oss's learned attention sinks are megatron-core's "
+           "softmax_type: learnable (one learned logit per head in the softmax's denominator)",
+           convert=lambda on: "learnable" if on else "vanilla"),
     unsupported("sink_sliding_window", "gpt-oss sliding-window sink attention needs Primus-Turbo"),
     inert("sink_window_even_layers_only", "read only with use_sink_attention"),
     custom("torch_compile", "AMD Primus torch.compile of the model", _torch_compile),

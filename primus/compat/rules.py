@@ -42,6 +42,7 @@ class Translation:
     kind: str = "rename"  # rename | inert | kernel | refuse_at_run | stage
     where: str = ""  # file:line of the AMD key
     target_value: Any = None
+    feature: str | None = None  # refuse_at_run: the primus.runtime.capabilities row that decides per target
 
     def __post_init__(self) -> None:
         """A secret's value (``HF_TOKEN: hf_…`` among a module's keys) is never kept: this record
@@ -58,12 +59,13 @@ class Translation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"from": self.source, "value": self.value, "to": self.target, "to_value": self.target_value,
-                "why": self.why, "kind": self.kind, "where": self.where}
+                "why": self.why, "kind": self.kind, "where": self.where,
+                **({"feature": self.feature} if self.feature else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Translation":
         return cls(data["from"], data.get("value"), data.get("to"), data.get("why", ""), data.get("kind", "rename"),
-                   data.get("where", ""), data.get("to_value"))
+                   data.get("where", ""), data.get("to_value"), data.get("feature"))
 
 
 def _show(value: Any) -> str:

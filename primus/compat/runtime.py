@@ -1,7 +1,8 @@
 """What the compatibility layer does when a run starts (the translations themselves happen at resolve).
 
-- the launcher refuses a run whose experiment turns on an AMD feature this Primus cannot honour
-  (``refuse_at_run``: ``config validate``, ``plan`` and ``train --dry-run`` accepted it);
+- admission (``primus.runtime.admission``: ``config validate``, ``plan``, ``train --dry-run`` and the
+  launch) refuses a run whose experiment turns on an AMD feature its target cannot run
+  (``refuse_at_run``, decided per target where the note names a ``primus.runtime.capabilities`` row);
 - each rank logs the ``translated …`` lines once, and for every AMD kernel switch that is on, a
   ``derived … (Primus-Turbo not installed)`` line naming the kernel that runs instead;
 - a tokenizer, a model to start from or instruction data named by Hugging Face Hub id is fetched
@@ -15,7 +16,6 @@ from typing import Any
 
 from primus.compat.hub import HubTimeouts, fetch, is_hub_id
 from primus.compat.rules import Translation
-from primus.config.errors import ConfigError
 
 # The key naming a backend's tokenizer directory (or Hub id).
 TOKENIZER_KEYS = {"megatron": "tokenizer_model", "torchtitan": "hf_assets_path"}
@@ -26,15 +26,6 @@ HUB_KEYS = {"megatron": [("hf_path", "model"), ("sft_dataset_name", "dataset"), 
 def translations_of(section: dict[str, Any]) -> list[Translation]:
     """The translations saved with a module of ``config.resolved.yaml`` (``modules.<m>.translated``)."""
     return [Translation.from_dict(entry) for entry in section.get("translated") or []]
-
-
-def check_runnable(module: Any) -> None:
-    """Refuse, in one line, a run that needs an AMD feature not available here (exit 2, nothing started)."""
-    for translation in getattr(module, "translations", []):
-        if translation.kind == "refuse_at_run":
-            where = f"{translation.where}: " if translation.where else ""
-            raise ConfigError(f"{where}modules.{module.name}.{translation.source}={translation.value!r}: "
-                              f"{translation.why} (config validate, plan and --dry-run accept it; a run cannot)")
 
 
 def announce(translations: list[Translation], log: Callable[[str], None],

@@ -85,8 +85,10 @@ def _converters(value: Any, ctx, key: str) -> None:
     names = [value] if isinstance(value, str) else list(value or [])
     other = [n for n in names if n not in FLOAT8_CONVERTERS and n != "primus_turbo"]
     if other:
+        # MX ("mx", "quantize.grouped_mm.mx") is a row of primus.runtime.capabilities, refused per target
+        feature = "torchtitan.mx" if all(n.split(".")[-1] == "mx" for n in other) else None
         ctx.note(key, value, f"model converters {', '.join(other)} are not wired to TorchTitan 0.3.0's "
-                             "converters here (float8 is)", kind="refuse_at_run")
+                             "converters here (float8 is)", kind="refuse_at_run", feature=feature)
     elif any(n in FLOAT8_CONVERTERS for n in names):
         ctx.set(key, {"float8": _float8_settings(ctx, {})}, "model.converters",
                 "TorchTitan 0.2 converter name; settings from quantize.linear.float8, a null recipe_name is "
@@ -114,8 +116,8 @@ def _float8_settings(ctx, ours: dict[str, Any] | None) -> dict[str, Any]:
 
 def _mock_data(value: Any, ctx, key: str) -> None:
     if value:
-        ctx.note(key, value, "TorchTitan 0.3.0 has no mock dataset: point dataloader.dataset / dataset_path at "
-                             "data (or primus.tiny_assets for the tiny local corpus)", kind="refuse_at_run")
+        ctx.set(key, "mock", "dataloader.dataset", "AMD Primus's mock data: its random-integer text samples, as "
+                                                   "TorchTitan dataset 'mock' (primus/backends/torchtitan/mock_data.py)")
     else:
         ctx.note(key, value, "data comes from dataloader.dataset")
 

@@ -84,10 +84,12 @@ class CompatContext:
         self.provenance.record(full, Source(label, where or "compat", value))
         self._record(Translation(source, self.amd.get(source, value), target, why, "rename", where, value))
 
-    def note(self, source: str, value: Any, why: str, kind: str = "inert") -> None:
-        """The AMD key has no effect here (or only at run time, ``kind``): say so."""
+    def note(self, source: str, value: Any, why: str, kind: str = "inert", feature: str | None = None) -> None:
+        """The AMD key has no effect here (or only at run time, ``kind``): say so. A ``refuse_at_run``
+        note naming a ``feature`` (a row of ``primus.runtime.capabilities``) is refused only where the
+        target lacks that feature."""
         origin = self.last_source(source)
-        self._record(Translation(source, value, None, why, kind, origin.where if origin else ""))
+        self._record(Translation(source, value, None, why, kind, origin.where if origin else "", feature=feature))
 
     def joined(self, source: str, value: Any, first: Translation, why: str) -> None:
         """``source`` went into the same setting as an earlier translation (``beta2`` with ``beta1``)."""

@@ -237,7 +237,7 @@ def check_post_training_inputs(plan, *, provenance=None) -> None:
         raise ConfigError(f"{where}: {post.hf_path} does not exist")
     checkpoint = HFCheckpoint(post.hf_path)
     spec = plan.model
-    if spec is None:
+    if spec is None or not spec.vocab_size:
         raise ConfigError(f"{where}: the model's vocabulary is unknown (set vocab_size)")
     args = plan.engine_config
     multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size

@@ -18,7 +18,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from primus.compat.runtime import check_runnable
 from primus.config.errors import ConfigError, mask_secrets
 from primus.config.resolve import ResolvedExperiment, ResolvedModule
 from primus.config.schema import PrimusOptions, validate_model
@@ -26,8 +25,9 @@ from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, l
 from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
 from primus.launch.plan import LaunchPlan
 from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
+from primus.plan.target import Target, host_target, target_for
+from primus.runtime.admission import Admission, admit
 from primus.runtime.checkpoints import newest_usable
-from primus.runtime.context import host_device
 from primus.runtime.goodput import line as goodput_line
 from primus.runtime.hangs import HangWatch
 from primus.runtime.registry import get_adapter
@@ -47,10 +47,11 @@ def select_module(resolved: ResolvedExperiment, name: str | None) -> ResolvedMod
 
 
 def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
-                check_paths: bool = False, require_engine: bool = True,
-                run_dir: Path | None = None) -> tuple[BackendAdapter, EnginePlan]:
-    """The module's ``EnginePlan``, built once: every key accepted by the engine's own config, the
-    layout checked against ``world_size`` when given, and (``check_paths``) its input files present."""
+                check_paths: bool = False, require_engine: bool = True, run_dir: Path | None = None,
+                target: Target | None = None) -> tuple[BackendAdapter, EnginePlan]:
+    """The module's ``EnginePlan``, built once for ``target`` (default: this host's device): every key
+    accepted by the engine's own config, the layout checked against ``world_size`` when given, and
+    (``check_paths``) its input files present. A plan for a GPU target never reads this host's CPU."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
     if require_engine:
         adapter.require_installed()
@@ -58,7 +59,7 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,  # every backend's
                    f"modules.{module.name}.primus")
     plan = adapter.plan(ModuleConfig.of(module, stage), world_size, resolved.provenance, run_dir=run_dir,
-                        device=host_device())
+                        device=(target or host_target()).torch_device)
     if require_engine:
         adapter.import_engine()
     if check_paths:
@@ -90,28 +91,49 @@ class Job:
         return "" if self.plan.is_node_zero else f"node {self.plan.node_rank} "
 
 
-def validate_keys(resolved: ResolvedExperiment, module: ResolvedModule) -> bool:
-    """Every key against the backend's own tables, without importing the engine (``validate --no-engine``).
-    False where the backend's keys are the engine's own config classes (only the Primus block is checked)."""
+def validate_keys(resolved: ResolvedExperiment, module: ResolvedModule,
+                  target: Target | None = None) -> tuple[BackendAdapter, EnginePlan] | None:
+    """Every key against the backend's own tables, without importing the engine (``validate --no-engine``):
+    the plan, to admit. None where the backend's keys are the engine's own config classes (only the Primus
+    block is checked)."""
     adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
     if getattr(adapter, "plans_without_engine", False):
-        plan_module(resolved, module, require_engine=False)
-        return True
+        return plan_module(resolved, module, require_engine=False, target=target)
     adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
     validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance,
                    f"modules.{module.name}.primus")
-    return False
+    return None
+
+
+def admit_module(resolved: ResolvedExperiment, module: ResolvedModule, adapter: BackendAdapter,
+                 plan: EnginePlan, target: Target) -> Admission:
+    """Admission of the module on ``target`` (``primus.runtime.admission``): raises ConfigError (exit 2,
+    one line) for the first setting the target cannot run; the same call for every command."""
+    return admit(adapter, plan, target, module.translations, resolved.provenance).check()
+
+
+def launch_target(device: str | None, *, dry_run: bool) -> Target:
+    """The target of ``train``: ``--device`` names it for a dry-run; a launch runs on this host's device."""
+    target = target_for(device)
+    if not dry_run and target.assumed:
+        raise ConfigError(f"--device {device}: this host has no {target.name} ({host_target().name} here); "
+                          "--device names the target of config validate, plan and train --dry-run, a launch runs "
+                          "on the device it is started on")
+    return target
 
 
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
-                     resume: str, dry_run: bool, argv: list[str]) -> int:
+                     resume: str, dry_run: bool, argv: list[str], target: Target | None = None) -> int:
+    """``target``: the device of a dry-run (``--device``); a launch runs on this host's device."""
     run_dir = RunDir.of(resolved.spec)
-    adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path)
+    target = target or host_target()
+    adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path,
+                                       target=target)
+    admission = admit_module(resolved, module, adapter, engine_plan, target)  # before anything is written
     job = Job(resolved, module, adapter, engine_plan, plan.with_port(), run_dir, argv)
     if dry_run:
-        _print_dry_run(job)
+        _print_dry_run(job, admission)
         return ExitCode.COMPLETED
-    check_runnable(job.module)  # an AMD Primus feature this Primus cannot honour stops here (primus/compat)
     os.environ.update(job.secret_env)  # literal secrets reach the workers by environment, nowhere else
     claim = _claim_as_node_zero if plan.is_node_zero else _join_as_other_node
     try:
@@ -129,12 +151,13 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
     return _report(job)
 
 
-def _print_dry_run(job: Job) -> None:
+def _print_dry_run(job: Job, admission: Admission) -> None:
     module = job.module
     print(f"experiment: {job.resolved.spec.exp_name} ({module.framework} {job.adapter.installed_version()}, "
           f"stage {module.stage}, module {module.name})")
     print(f"run dir:    {job.run_dir}")
     print(f"processes:  {job.plan.world_size} ({job.plan.nnodes} node(s) x {job.plan.nproc_per_node})")
+    print(f"admission:  {admission.summary()}")
     print(f"command:    {job.plan.describe(TRAIN_TARGET, job.run_dir.payload)}")
 
 

@@ -102,7 +102,7 @@ def estimate_params(model: ModelSpec, layout: ParallelLayout) -> ParamEstimate:
         layers = [_layer_on_rank(model, layout, bool(pattern[i])) for i in layer_ids[stage] if i < len(pattern)]
         params, expert = sum(a for a, _ in layers), sum(b for _, b in layers)
         if stage == 0:
-            params += embedding
+            params += embedding + model.position_embedding_params()
         if stage == p - 1:
             params += model.norm_params(model.dim) + (0 if model.tie_embeddings and p == 1 else embedding)
             mtp_base, mtp_experts = _layer_on_rank(model, layout, model.mtp_layer_is_moe)

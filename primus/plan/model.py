@@ -45,6 +45,8 @@ class ModelSpec(BaseModel):
     norm_eps: float = 1e-5
     max_seq_len: int = 131072
     tie_embeddings: bool = False
+    learned_position_embeddings: bool = Field(
+        False, description="a learned max_seq_len x dim position table (Megatron-LM's learned_absolute: GPT-2/3)")
     # Attention details beyond Llama (Qwen, DeepSeek).
     head_dim: int = Field(None, gt=0, description="per-head width; default dim / n_heads (Qwen3 sets its own)")
     qkv_bias: bool = Field(False, description="biases on the Q/K/V projections (Qwen2)")
@@ -194,6 +196,10 @@ class ModelSpec(BaseModel):
                 + moe_layers * (self.n_experts * self.mlp_bias_params(self.expert_ffn_dim)
                                 + self.mlp_bias_params(self.shared_expert_ffn_hidden_size)))
 
+    def position_embedding_params(self) -> int:
+        """The learned position table (megatron-core: a plain ``nn.Embedding``, whole on every TP rank)."""
+        return self.max_seq_len * self.dim if self.learned_position_embeddings else 0
+
     def mtp_projection_params(self) -> int:
         """One MTP layer beyond its transformer layer: the 2h -> h projection, enorm, hnorm, final norm."""
         return 2 * self.dim * self.dim + 3 * self.norm_params(self.dim)
@@ -209,6 +215,7 @@ class ModelSpec(BaseModel):
         embedding = self.vocab_size * self.dim
         return ParamCounts(
             embedding=embedding,
+            position_embedding=self.position_embedding_params(),
             output_head=0 if self.tie_embeddings else embedding,
             attention=layers * attention,
             qkv_bias=layers * self.qkv_bias_params(),
@@ -252,6 +259,7 @@ class ParamCounts:
     """A model's parameters by component (every layer, including MTP layers when counted)."""
 
     embedding: int  # token embedding table
+    position_embedding: int  # learned position table (0 with RoPE)
     output_head: int  # 0 when tied to the embedding
     attention: int  # projections (MLA: down/up projections and latent norms)
     qkv_bias: int
@@ -267,8 +275,9 @@ class ParamCounts:
 
     @property
     def total(self) -> int:
-        return (self.embedding + self.output_head + self.attention + self.qkv_bias + self.qk_norms + self.dense_mlp
-                + self.routed_experts + self.shared_experts + self.routers + self.norms + self.mtp_projection)
+        return (self.embedding + self.position_embedding + self.output_head + self.attention + self.qkv_bias
+                + self.qk_norms + self.dense_mlp + self.routed_experts + self.shared_experts + self.routers + self.norms
+                + self.mtp_projection)
 
     @property
     def active(self) -> int:
@@ -277,6 +286,6 @@ class ParamCounts:
     @property
     def megatron_counted(self) -> int:
         """What Megatron-LM's ``compute_weight_and_optimizer_memory`` counts: no routers, biases,
-        per-head Q/K norms, or MTP projections and their norms."""
+        per-head Q/K norms, learned position table, or MTP projections and their norms."""
         return (self.total - self.routers - self.qkv_bias - self.linear_biases - self.qk_norms
-                - self.mtp_projection)
+                - self.mtp_projection - self.position_embedding)

@@ -39,18 +39,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
     """(ModelSpec, ParallelLayout) of one module of an experiment, from its adapter's ``EnginePlan``."""
+    plan = plan_experiment(path, overrides, module_name, world_size)[0]
+    return plan.model, plan.layout
+
+
+def plan_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None,
+                    target=None, *, admit: bool = False):
+    """(EnginePlan, Admission or None) of one module of an experiment, planned for ``target`` (default:
+    this host's device) and, with ``admit``, its admission on it (refusals listed, not raised)."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import plan_module, select_module
+    from primus.plan.target import host_target
+    from primus.runtime.admission import admit as admission_of
     from primus.runtime.registry import backend_defaults, backend_derived
 
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
-    _, plan = plan_module(resolved, module, world_size, require_engine=False)
+    target = target or host_target()
+    adapter, plan = plan_module(resolved, module, world_size, require_engine=False, target=target)
+    admission = admission_of(adapter, plan, target, module.translations, resolved.provenance) if admit else None
     if plan.model is None or plan.layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
                           "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "
                           "a local pipeline with transformer/config.json or a known Hub name)")
-    return plan.model, plan.layout
+    return plan, admission
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:

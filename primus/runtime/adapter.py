@@ -23,6 +23,8 @@ from primus.config.errors import ConfigError
 if TYPE_CHECKING:
     from primus.config.provenance import Provenance
     from primus.plan.layout import ParallelLayout
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
     from primus.plan.model import ModelSpec
     from primus.runtime.context import RunContext
 
@@ -155,6 +157,11 @@ class BackendAdapter(ABC):
         (``provenance.describe(key)``). With ``world_size`` the layout is checked against it.
         ``run_dir`` and ``device`` are the worker's (the launcher plans for its own host).
         """
+
+    def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
+        """What the launch of ``plan`` on ``target`` would refuse (``primus.runtime.admission``): settings
+        the engine accepts but this backend cannot run there. Empty: admitted."""
+        return []
 
     def check_inputs(self, plan: EnginePlan, provenance: "Provenance | None" = None) -> None:
         """Check that the files the run reads (data, tokenizer, checkpoints to load) exist.

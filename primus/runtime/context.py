@@ -16,13 +16,6 @@ from primus.runtime.sample_hash import BatchDigest
 from primus.runtime.metrics import EvalMetrics, EvalReport, MetricsReporter, StepMetrics, StepReport
 
 
-def host_device() -> str:
-    """"cuda" where torch sees an accelerator (ROCm torch says "cuda" too), else "cpu"."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class NonFiniteLoss(RuntimeError):
     """The global loss (or grad norm) of a step is NaN or infinite: the run stops before that state is saved."""
 

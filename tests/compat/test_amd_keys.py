@@ -59,8 +59,9 @@ MAPPED = {
         "turbo_sync_free_moe_stage": (2, ("kernel",)),
         "torch_compile": ({"enable": True, "backend": "inductor"}, ("kernel",)),
         **{key: (True, ("run",)) for key in (
-            "enable_turbo_attention_float8", "mxfp4_gradient_stochastic_rounding", "use_sink_attention",
+            "enable_turbo_attention_float8", "mxfp4_gradient_stochastic_rounding",
             "weight_deosc", "enable_odc", "moe_extended_tp", "sft_sanitize_nan_grads")},
+        "use_sink_attention": (True, ("set", "softmax_type", "learnable")),
         "sink_sliding_window": (128, ("run",)),
         "decoder_pipeline_manual_split_list": ([8, 8, 8, 8], ("run",)),
         "data_parallel_replicate_degree": (2, ("run",)),
@@ -82,7 +83,7 @@ MAPPED = {
                              ("set", "model.converters", {"float8": {"recipe_name": "tensorwise"}})),
         "training.dataset": ("c4", ("set", "dataloader.dataset", "c4")),
         "training.dataset_path": ("/data/c4", ("set", "dataloader.dataset_path", "/data/c4")),
-        "training.mock_data": (True, ("run",)),
+        "training.mock_data": (True, ("set", "dataloader.dataset", "mock")),
         "training.compile": (True, ("set", "compile.enable", True)),
         "training.seed": (7, ("set", "debug.seed", 7)),
         "training.deterministic": (True, ("set", "debug.deterministic", True)),
@@ -218,18 +219,22 @@ def test_model_family_keys_are_refused_by_name(key):
         translate("megatron", key, 1)
 
 
-def test_stage_mlperf_pretrain_plans_as_pretraining_and_a_run_is_refused():
-    """AMD's MLPerf examples name a trainer from an optional package (primus_mllog): validate, plan and
-    dry-run see the pretraining it is; the run stops in one line before any rank starts."""
-    from primus.compat.runtime import check_runnable
+def test_stage_mlperf_pretrain_plans_as_pretraining_and_admission_refuses_it():
+    """AMD's MLPerf examples name a trainer from an optional package (primus_mllog): the plan is the
+    pretraining it is; admission (validate, plan, dry-run and the launch alike) refuses it in one line on
+    any device, before any rank starts."""
+    from primus.plan.target import Target, named_target
+    from primus.runtime.admission import admit
 
     ctx = translate("megatron", "stage", "mlperf_pretrain")
     assert ctx.stage == "pretrain"
     assert [t.kind for t in ctx.translations] == ["stage", "refuse_at_run"]
-    module = type("Module", (), {"name": "pre_trainer", "translations": ctx.translations})()
-    with pytest.raises(ConfigError, match=r"modules.pre_trainer.stage='mlperf_pretrain': .*primus_mllog.*"
-                                          r"stage: pretrain runs the same training"):
-        check_runnable(module)
+    adapter = type("Adapter", (), {"admit": lambda self, plan, target: []})()
+    plan = type("Plan", (), {"module": type("Module", (), {"name": "pre_trainer"})})()
+    for target in (Target("cpu"), named_target("mi355x")):
+        with pytest.raises(ConfigError, match=r"modules.pre_trainer.stage: 'mlperf_pretrain': .*primus_mllog.*"
+                                              r"stage: pretrain runs the same training"):
+            admit(adapter, plan, target, ctx.translations).check()
 
 
 _TINY_MEGATRON = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,

@@ -52,6 +52,10 @@ modules:
         enable_primus_turbo: true
         use_turbo_attention: true
 """
+FP8 = "work_group: AMD\nuser_name: root\nexp_name: f\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
+      "    framework: megatron\n    config: pre_trainer.yaml\n    model: llama3_tiny.yaml\n    overrides:\n" \
+      "      mock_data: true\n      fp8: hybrid\n      fp8_recipe: blockwise\n      ckpt_format: torch\n" \
+      "      save: null\n      load: null\n"
 MAXTEXT = "work_group: AMD\nuser_name: root\nexp_name: m\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
           "    framework: maxtext\n    config: pre_trainer.yaml\nenv:\n  XLA_FLAGS: x\n"
 ZEBRA = "work_group: AMD\nuser_name: root\nexp_name: z\nworkspace: ./o\nmodules:\n  pre_trainer:\n" \
@@ -77,6 +81,7 @@ def test_the_report_over_a_checkout(tmp_path, compat_tool, monkeypatch):
     checkout = tmp_path / "amd"
     write(checkout / "examples/torchtitan/configs/MI300X/tiny-pretrain.yaml", TT02.format(tokenizer=tokenizer))
     write(checkout / "examples/megatron/configs/MI300X/tiny-typo.yaml", TYPO)
+    write(checkout / "examples/megatron/configs/MI300X/tiny-fp8.yaml", FP8)
     write(checkout / "examples/megatron/configs/MI300X/zebra_llama_1B-pretrain.yaml", ZEBRA)
     write(checkout / "examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml", MAXTEXT)
     write(checkout / "examples/README.yaml", "not: an experiment\n")
@@ -88,14 +93,22 @@ def test_the_report_over_a_checkout(tmp_path, compat_tool, monkeypatch):
     text = out.read_text()
     assert text.startswith("# Compatibility\n\nWritten by hand.\n") and text.endswith(f"{compat_tool.END}\nAfter.\n")
     assert "old report" not in text
-    assert "examples (MI300X / MI325X / MI355X): 1 / 2 pass validate + plan + dry-run unchanged on the nodes they " \
-        "are written for, 8 GPUs each (50.0%): 1 on one node (8 ranks), 0 layouts for 2 to 16 nodes" in text
+    assert "examples (MI300X / MI325X / MI355X): 1 / 3 are admitted on the device in their folder name and pass " \
+        "validate + plan + dry-run unchanged on the nodes they are written for, 8 GPUs each (33.3%): 1 on one node " \
+        "(8 ranks), 0 layouts for 2 to 16 nodes" in text
+    assert "| MI300X | 3 | 1 | 0 | 1 | 0 | 1 |" in text  # per device: pass, multi-node, not admitted, inputs, fail
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| examples/")}
     assert set(rows) == {"examples/torchtitan/configs/MI300X/tiny-pretrain.yaml",
                          "examples/megatron/configs/MI300X/tiny-typo.yaml",
+                         "examples/megatron/configs/MI300X/tiny-fp8.yaml",
                          "examples/megatron/configs/MI300X/zebra_llama_1B-pretrain.yaml",
                          "examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml"}
-    assert "| pass |" in rows["examples/torchtitan/configs/MI300X/tiny-pretrain.yaml"]
+    assert "| mi300x | pass |" in rows["examples/torchtitan/configs/MI300X/tiny-pretrain.yaml"]
+    fp8 = rows["examples/megatron/configs/MI300X/tiny-fp8.yaml"]
+    # FP8 is admitted on an MI300X (Transformer Engine assumed), but not the blockwise recipe (no ROCm kernels)
+    assert "| mi300x | not admitted |" in fp8 and "modules.pre_trainer.fp8_recipe: 'blockwise' cannot run on mi300x" in fp8
+    assert "| `fp8_recipe` | 1 | 1 | the blockwise recipe needs NVIDIA SM 9.0+ with CUDA 12.9+" in text
+    assert "ckpt_format" not in text  # AMD's ckpt_format: torch with save/load null: never a refusal
     assert "fail: validate" in rows["examples/megatron/configs/MI300X/tiny-typo.yaml"]
     assert "did you mean 'mock_data'?" in rows["examples/megatron/configs/MI300X/tiny-typo.yaml"]
     assert "| refused | examples/megatron/configs/MI300X/zebra_llama_1B-pretrain.yaml:9: model preset" \

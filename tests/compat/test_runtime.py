@@ -1,10 +1,7 @@
-"""What the compatibility layer does when a run starts: lines, refusals, averages, mock-data tokenizers."""
-import pytest
-
+"""What the compatibility layer does when a run starts: lines, averages, mock-data tokenizers (its refusals:
+tests/runtime/test_admission.py)."""
 from primus.compat.rules import Translation
-from primus.compat.runtime import announce, check_runnable, localize_hub_references
-from primus.config.errors import ConfigError
-from primus.config.resolve import ResolvedModule
+from primus.compat.runtime import announce, localize_hub_references
 from primus.runtime.averages import StepAverages
 from primus.runtime.metrics import StepMetrics
 
@@ -17,15 +14,6 @@ def test_each_translation_is_said_and_a_kernel_switch_names_the_kernel_that_runs
     assert lines == ["translated enable_primus_turbo=true → stock kernel here (Primus-Turbo kernel switch)",
                      "translated stderr_sink_level=DEBUG → logging.level=DEBUG (console level)"]
     assert derived == [("enable_primus_turbo", "stock kernel", "Primus-Turbo not installed")]
-
-
-def test_a_feature_refused_at_run_time_stops_the_launch_in_one_line():
-    module = ResolvedModule("pre_trainer", "torchtitan", "pretrain", None, None, {}, [
-        Translation("training.mock_data", True, None, "TorchTitan 0.3.0 has no mock dataset", "refuse_at_run",
-                    "exp.yaml:12")])
-    with pytest.raises(ConfigError, match=r"^exp.yaml:12: modules.pre_trainer.training.mock_data=True: TorchTitan "
-                                          r"0.3.0 has no mock dataset \(config validate, plan and --dry-run"):
-        check_runnable(module)
 
 
 def test_mock_data_needs_no_hub_tokenizer_when_the_model_knows_its_vocabulary():

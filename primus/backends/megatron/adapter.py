@@ -15,6 +15,8 @@ from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, M
 
 if TYPE_CHECKING:
     from primus.config.provenance import Provenance
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
     from primus.runtime.context import RunContext
 
 TINY_PREFIX = "megatron/tiny_text_document"  # under primus.tiny_assets
@@ -64,6 +66,7 @@ class MegatronAdapter(BackendAdapter):
         """Megatron-LM arguments, parsed once; the layout checked against ``world_size`` when known."""
         from primus.backends.megatron.arguments import check_parallel_layout, parse_args
         from primus.backends.megatron.plan import describe
+        from primus.backends.megatron.tokenizers import plan_vocab
         from primus.config.provenance import Provenance
         from primus.config.schema import PrimusOptions, validate_model
 
@@ -85,7 +88,11 @@ class MegatronAdapter(BackendAdapter):
                 derived.append(("bf16", False, reason))
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
-        model, layout = describe(args, module.params.get("model"), world_size)
+        vocab, vocab_source = plan_vocab(args)  # a plan never needs the tokenizer's files: they may be elsewhere
+        model, layout = describe(args, module.params.get("model"), world_size, vocab_size=vocab)
+        if not args.vocab_size:
+            derived.append(("vocab_size", vocab or "unknown", f"{vocab_source}; the run reads the tokenizer"
+                            if vocab else f"{vocab_source}: the plan counts no embedding or output layer"))
         if network_from_hub(module.params):  # provisional shapes only: no model to estimate until the run starts
             model = None
         save = Path(args.save) if args.save else (run_dir or Path(".")) / "checkpoints"
@@ -100,13 +107,12 @@ class MegatronAdapter(BackendAdapter):
                         f"(alpha / dim); every base weight frozen{base}")
         return plan
 
-    def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
-        # meg: an argument that cannot be honoured here stops a real run now (exit 2, one line), before
-        # any rank starts; config validate / plan / --dry-run never call this (the file is valid Megatron-LM)
-        from primus.backends.megatron.support import run_time_notes
+    def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
+        from primus.backends.megatron.admission import admit
 
-        run_time_notes(plan.engine_config, plan.engine_config.given, plan.module.name)
-        _refuse_lora_on_te_layers(plan.module, plan.engine_config)
+        return admit(plan, target) + _lora_on_te_layers(plan.module, plan.engine_config)
+
+    def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
         root = tiny_assets_dir(plan.module.params)
         if root is not None and is_post_training(plan.module.params):  # [#15 SFT/HF hook]
             _build_tiny_sft_assets(plan.module, log)
@@ -137,10 +143,13 @@ class MegatronAdapter(BackendAdapter):
             return  # built by prepare() before the ranks start
         from primus.backends.megatron.data import DATA_KEYS, data_prefixes
 
+        from primus.backends.megatron.tokenizers import files_of
+
         args, prefix = plan.engine_config, f"modules.{plan.module.name}"
-        checks = []
-        if args.tokenizer_model and not is_hub_id(args.tokenizer_model):  # a Hub id: fetched when the run starts
-            checks.append(("tokenizer_model", Path(args.tokenizer_model)))
+        # a Hub id (a HuggingFaceTokenizer's tokenizer_model) is fetched when the run starts
+        checks = [(key, Path(path)) for key, path in files_of(args) if not is_hub_id(path)]
+        if args.pretrained_checkpoint:
+            checks.append(("pretrained_checkpoint", Path(args.pretrained_checkpoint)))
         # data_path and train/valid/test_data_path
         checks += [(key, Path(f"{p}.idx"))
                    for key, p in data_prefixes({key: getattr(args, key) for key in (*DATA_KEYS, "mock_data")})]
@@ -188,14 +197,16 @@ def _check_lora(module: ModuleConfig, args, provenance):
     return lora
 
 
-def _refuse_lora_on_te_layers(module: ModuleConfig, args) -> None:
+def _lora_on_te_layers(module: ModuleConfig, args) -> "list[Refusal]":
     """LoRA wraps megatron-core's local linears; FP8 and context parallelism need Transformer Engine's layers."""
     from primus.backends.megatron.lora import lora_of
     from primus.backends.megatron.te_features import uses_context_parallel, uses_fp8
+    from primus.runtime.admission import Refusal
 
     if (uses_fp8(args) or uses_context_parallel(args)) and lora_of(module.params, f"modules.{module.name}"):
-        raise ConfigError(f"modules.{module.name}.lora: LoRA wraps megatron-core's local linears, and FP8 / "
-                          "context parallelism need Transformer Engine's layers: drop one")
+        return [Refusal("lora", "lora", "LoRA wraps megatron-core's local linears, and FP8 / context parallelism "
+                                        "need Transformer Engine's layers: drop one")]
+    return []
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:

@@ -141,7 +141,7 @@ def parse_args(params: dict[str, Any], *, module: str = "pre_trainer", provenanc
         raise _config_error(exc, f"modules.{module}", [*argument_names(), *option_aliases()], provenance) from None
     for key in unset:
         args.note(key, table[key].default, "null: not given (Megatron-LM's command line has no null), its default")
-    args._given = set(merged)  # what the experiment set (support.run_time_notes checks only these)
+    args._given = set(merged)  # what the experiment set (admission checks only these)
     apply_megatron_lm_rules(args, module=module)
     check_parallel_layout(args, world_size=None, module=module)
     return args

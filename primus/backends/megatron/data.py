@@ -6,54 +6,11 @@ iteration k continues with exactly the batches an uninterrupted run would have s
 """
 from __future__ import annotations
 
-import json
+from functools import lru_cache
 from pathlib import Path
 
 from primus.backends.megatron.arguments import MegatronArgs
 from primus.config.errors import ConfigError
-
-
-class HFTokenizer:
-    """The slice of Megatron's tokenizer interface GPTDataset uses, over a HF ``tokenizer.json``."""
-
-    def __init__(self, path: str):
-        from tokenizers import Tokenizer
-
-        directory = Path(path) if Path(path).is_dir() else Path(path).parent
-        file = directory / "tokenizer.json" if Path(path).is_dir() else Path(path)
-        if not file.exists():
-            raise ConfigError(f"tokenizer_model: no tokenizer.json at {file}")
-        self._tokenizer = Tokenizer.from_file(str(file))
-        self.vocab_size = self._tokenizer.get_vocab_size()
-        eos = None
-        config = directory / "tokenizer_config.json"
-        if config.exists():
-            eos = json.loads(config.read_text()).get("eos_token")
-            eos = eos.get("content") if isinstance(eos, dict) else eos
-        eod = self._tokenizer.token_to_id(eos) if eos else None
-        self.eod = eod if eod is not None else self.vocab_size - 1
-        # GPTDataset hashes this into its index-cache file names (as MegatronLegacyTokenizer does).
-        self.unique_identifiers = {"class": type(self).__name__, "tokenizer_path": [str(file)]}
-
-    def tokenize(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text).ids
-
-
-class NullTokenizer:
-    """Megatron-LM's NullTokenizer: no text, only a vocabulary size (mock data); EOD is the last id."""
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-        self.eod = vocab_size - 1
-        self.unique_identifiers = {"class": type(self).__name__, "vocab_size": vocab_size}
-
-
-def build_tokenizer(args: MegatronArgs):
-    if args.tokenizer_type == "HuggingFaceTokenizer":
-        return HFTokenizer(args.tokenizer_model)
-    if args.vocab_size is None:
-        raise ConfigError("vocab_size: required with tokenizer_type: NullTokenizer / mock_data (or give a model: preset)")
-    return NullTokenizer(args.vocab_size)
 
 
 def _as_list(paths) -> list[str]:
@@ -137,27 +94,69 @@ def build_datasets(args: MegatronArgs, tokenizer, global_batch_size: int, dp_siz
 
 
 def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, micro_batch_size: int,
-                  dp_rank: int, dp_size: int, device: str = "cpu"):
-    """This rank's micro-batches for one global batch, in Megatron-LM's MegatronPretrainingSampler order,
-    on ``device`` (Megatron-LM's ``get_batch`` moves them with ``.cuda(non_blocking=True)``).
+                  dp_rank: int, dp_size: int, device: str = "cpu", cyclic: bool = False, data_sharding: bool = True):
+    """This rank's micro-batches for one global batch, on ``device`` (Megatron-LM's ``get_batch`` moves
+    them with ``.cuda(non_blocking=True)``), in the order of Megatron-LM's sampler:
 
-    Global batch i covers samples [i*G, (i+1)*G); micro-batch j of DP rank d reads the
-    ``micro_batch_size`` samples at ``consumed + j*mbs*dp + d*mbs``.
+    - ``dataloader_type: single`` (MegatronPretrainingSampler): global batch i covers samples
+      [i*G, (i+1)*G); micro-batch j of DP rank d reads the ``micro_batch_size`` samples at
+      ``consumed + j*mbs*dp + d*mbs``;
+    - ``cyclic`` (MegatronPretrainingRandomSampler, re-iterated each epoch): ``cyclic_indices``.
     """
     import torch
 
+    step = micro_batch_size * dp_size
     out = []
-    for indices in sample_indices(consumed_samples=consumed_samples, global_batch_size=global_batch_size,
-                                  micro_batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size):
-        samples = [dataset[index % len(dataset)] for index in indices]
+    for start in range(consumed_samples, consumed_samples + global_batch_size, step):
+        if cyclic:
+            indices = cyclic_indices(start, total=len(dataset), micro_batch_size=micro_batch_size, dp_rank=dp_rank,
+                                     dp_size=dp_size, data_sharding=data_sharding)
+        else:
+            first = start + dp_rank * micro_batch_size
+            indices = [(first + k) % len(dataset) for k in range(micro_batch_size)]
+        samples = [dataset[i] for i in indices]
         out.append({key: torch.stack([s[key] for s in samples]).to(device, non_blocking=True) for key in samples[0]})
     return out
 
 
-def sample_indices(*, consumed_samples: int, global_batch_size: int, micro_batch_size: int, dp_rank: int,
-                   dp_size: int) -> list[list[int]]:
-    """The global sample indices of this rank's micro-batches (``micro_batches``' order): the same
-    samples make the same global batch whatever the data-parallel size."""
+def sample_positions(*, consumed_samples: int, global_batch_size: int, micro_batch_size: int, dp_rank: int,
+                     dp_size: int) -> list[list[int]]:
+    """Where this rank's micro-batch rows stand in the run's stream of samples (``micro_batches``'
+    order): in the sequential order the same positions hold the same samples whatever the
+    data-parallel size (primus.sample_hashes keys them so)."""
     step = micro_batch_size * dp_size
     return [[start + dp_rank * micro_batch_size + k for k in range(micro_batch_size)]
             for start in range(consumed_samples, consumed_samples + global_batch_size, step)]
+
+
+def cyclic_indices(position: int, *, total: int, micro_batch_size: int, dp_rank: int, dp_size: int,
+                   data_sharding: bool = True) -> list[int]:
+    """The micro-batch DP rank ``dp_rank`` reads once ``position`` samples are consumed (a multiple of
+    ``micro_batch_size * dp_size``), as Megatron-LM's MegatronPretrainingRandomSampler yields it
+    (megatron/training/datasets/data_samplers.py, d3528a2): epoch e = position // active samples
+    reshuffles with ``torch.randperm(seed=e)``; with ``data_sharding`` each rank draws from its own
+    contiguous bucket, without it every rank strides one permutation of the whole dataset. As a pure
+    function of ``position``, a resumed run continues the same stream. (Without data sharding and with
+    ``total % (mbs*dp) >= mbs``, Megatron-LM's ranks draw unequal counts at an epoch's end; here every
+    epoch ends at the active samples.)"""
+    per_step = micro_batch_size * dp_size
+    active = total - total % per_step
+    if active <= 0:
+        raise ConfigError(f"dataloader_type: cyclic needs at least micro_batch_size x data-parallel size "
+                          f"({per_step}) samples, the dataset has {total}")
+    epoch, offset = divmod(position, active)
+    if data_sharding:
+        bucket = (total // per_step) * micro_batch_size
+        start = offset // dp_size
+        return [dp_rank * bucket + i for i in _permutation(epoch, bucket)[start:start + micro_batch_size]]
+    permutation = _permutation(epoch, (total // micro_batch_size) * micro_batch_size)
+    return [permutation[offset + dp_rank + i * dp_size] for i in range(micro_batch_size)]
+
+
+@lru_cache(maxsize=2)
+def _permutation(epoch: int, size: int) -> list[int]:
+    import torch
+
+    generator = torch.Generator()
+    generator.manual_seed(epoch)
+    return torch.randperm(size, generator=generator).tolist()

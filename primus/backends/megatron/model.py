@@ -42,12 +42,21 @@ def use_transformer_engine(args: MegatronArgs, target: "Target", derived: Derive
     context parallelism need it: admission refused them on such a target, ``te_features.py``.)"""
     available = target.gpu and target.transformer_engine
     use = args.transformer_impl == "transformer_engine" and available
+    reason = ("Transformer Engine on GPU" if use else f"transformer_impl: {args.transformer_impl}"
+              if args.transformer_impl == "local" else
+              "no GPU / Transformer Engine here: megatron-core's local layer spec (same math)")
+    if use and args.softmax_type != "vanilla" and not _te_at_least("2.8.0"):
+        use, reason = False, (f"softmax_type: {args.softmax_type} needs Transformer Engine >= 2.8 (megatron-core); "
+                              "megatron-core's local attention computes the same sinks")
     if derived is not None:
-        reason = ("Transformer Engine on GPU" if use else f"transformer_impl: {args.transformer_impl}"
-                  if args.transformer_impl == "local" else
-                  "no GPU / Transformer Engine here: megatron-core's local layer spec (same math)")
         derived.set("transformer_impl", "transformer_engine" if use else "local", reason)
     return use
+
+
+def _te_at_least(version: str) -> bool:
+    from megatron.core.utils import is_te_min_version
+
+    return is_te_min_version(version)
 
 
 def params_dtype(args: MegatronArgs):
@@ -282,8 +291,9 @@ def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
 
 
 def optimizer_config(args: MegatronArgs):
-    """megatron-core's OptimizerConfig, filled by field name as Megatron-LM's setup does (``fp8_recipe``
-    too: the distributed optimizer shards FP8 parameters by recipe)."""
+    """megatron-core's OptimizerConfig, filled by field name as Megatron-LM's setup does (the precision-aware
+    optimizer's dtypes as torch dtypes; ``fp8_recipe`` too: the distributed optimizer shards FP8 parameters
+    by recipe)."""
     import dataclasses
 
     from megatron.core.optimizer import OptimizerConfig
@@ -292,6 +302,7 @@ def optimizer_config(args: MegatronArgs):
 
     names = {f.name for f in dataclasses.fields(OptimizerConfig)}
     kw = {key: getattr(args, key) for key, where in IMPLEMENTED.items() if where == "OptimizerConfig" and key in names}
+    kw.update({key: torch_dtype(kw[key]) for key in OPTIMIZER_DTYPES if key in kw})
     return OptimizerConfig(**kw, bf16=args.bf16, fp16=args.fp16, params_dtype=params_dtype(args),
                            fp8_recipe=args.fp8_recipe)
 
@@ -303,15 +314,34 @@ def build_optimizer(args: MegatronArgs, chunks: list):
     return get_megatron_optimizer(optimizer_config(args), chunks)
 
 
+# The precision-aware optimizer's dtypes, Megatron-LM strings that megatron-core's OptimizerConfig takes as torch dtypes.
+OPTIMIZER_DTYPES = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+
+
+def torch_dtype(name: Any):
+    """Megatron-LM's ``map_dtype`` (arguments.py, d3528a2): fp8 state is kept as uint8."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}[name]
+
+
 def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):
-    """Megatron-LM's ``get_optimizer_param_scheduler`` for iteration-based training (steps in samples)."""
+    """Megatron-LM's ``get_optimizer_param_scheduler`` (steps in samples), iteration- or sample-based."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    decay_steps = (args.lr_decay_iters or args.train_iters) * global_batch_size
+    if args.train_samples:  # sample-based training: the schedule is in samples (Megatron-LM)
+        decay_steps = args.lr_decay_samples or args.train_samples
+        warmup_steps = args.lr_warmup_samples
+        wd_incr_steps, wsd_decay_steps = args.train_samples, args.lr_wsd_decay_samples
+    else:
+        decay_steps = (args.lr_decay_iters or args.train_iters) * global_batch_size
+        warmup_steps = args.lr_warmup_iters * global_batch_size
+        wd_incr_steps = args.train_iters * global_batch_size
+        wsd_decay_steps = args.lr_wsd_decay_iters * global_batch_size if args.lr_wsd_decay_iters else None
     if args.lr_warmup_fraction is not None:
         warmup_steps = args.lr_warmup_fraction * decay_steps
-    else:
-        warmup_steps = args.lr_warmup_iters * global_batch_size
     return OptimizerParamScheduler(
         optimizer,
         init_lr=args.lr_warmup_init,
@@ -322,10 +352,10 @@ def build_scheduler(args: MegatronArgs, optimizer, global_batch_size: int):
         lr_decay_style=args.lr_decay_style,
         start_wd=args.start_weight_decay,
         end_wd=args.end_weight_decay,
-        wd_incr_steps=args.train_iters * global_batch_size,
+        wd_incr_steps=wd_incr_steps,
         wd_incr_style=args.weight_decay_incr_style,
         use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
         override_opt_param_scheduler=args.override_opt_param_scheduler,
-        wsd_decay_steps=args.lr_wsd_decay_iters * global_batch_size if args.lr_wsd_decay_iters else None,
+        wsd_decay_steps=wsd_decay_steps,
         lr_wsd_decay_style=args.lr_wsd_decay_style,
     )

@@ -26,7 +26,7 @@ MEGATRON_LM_DEFAULTS: dict[str, Any] = {
     "swiglu": False, "normalization": "LayerNorm", "layernorm_epsilon": 1e-5,
     "untie_embeddings_and_output_weights": False, "vocab_size": None, "padded_vocab_size": None,
     "make_vocab_size_divisible_by": 128, "max_position_embeddings": None, "seq_length": None,
-    "rotary_base": 10000, "use_rope_scaling": False,
+    "rotary_base": 10000, "use_rope_scaling": False, "position_embedding_type": "learned_absolute",
     "num_experts": None, "moe_router_topk": 2, "moe_ffn_hidden_size": None,
     "moe_shared_expert_intermediate_size": None, "moe_layer_freq": 1,
     "multi_latent_attention": False, "q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128,
@@ -119,6 +119,7 @@ def model_from_args(args: Any) -> ModelSpec:
         rope_theta=float(a.rotary_base), rope_scaling="llama" if a.use_rope_scaling else None,
         norm_eps=a.layernorm_epsilon, max_seq_len=a.max_position_embeddings or a.seq_length or 131072,
         tie_embeddings=not a.untie_embeddings_and_output_weights,
+        learned_position_embeddings=a.position_embedding_type == "learned_absolute",
         qkv_bias=bool(a.add_qkv_bias), linear_bias=bool(a.add_bias_linear), qk_norm=bool(a.qk_layernorm),
         swiglu=bool(a.swiglu), normalization="rmsnorm" if a.normalization == "RMSNorm" else "layernorm",
         mtp_layers=a.mtp_num_layers or 0,
@@ -196,17 +197,21 @@ def plan_inputs(params: dict[str, Any], world_size: int | None = None):
     return (model.model_copy(update=kept) if kept else model), layout
 
 
-def describe(args: Any, neutral: Mapping[str, Any] | None, world_size: int | None) -> tuple[ModelSpec | None, ParallelLayout]:
-    """What ``EnginePlan`` holds for parsed Megatron arguments: the network (None while its
-    vocabulary is unknown: no ``vocab_size`` before the tokenizer loads) and the layout on
-    ``world_size`` ranks (one data-parallel replica when the world is not known yet)."""
+def describe(args: Any, neutral: Mapping[str, Any] | None, world_size: int | None,
+             vocab_size: int | None = None) -> tuple[ModelSpec | None, ParallelLayout]:
+    """What ``EnginePlan`` holds for parsed Megatron arguments: the network and the layout on
+    ``world_size`` ranks (one data-parallel replica when the world is not known yet).
+
+    ``vocab_size`` is the vocabulary a plan knows without loading the tokenizer (``tokenizers.plan_vocab``);
+    None: unknown, and the network is described with a vocabulary of 0 (embedding and output layer not
+    counted; ModelSpec itself never accepts 0 from a preset: a plan-only value)."""
     source = dict(args) if isinstance(args, Mapping) else dict(vars(args))
-    try:
-        model = model_from_args(source)
-    except ConfigError:
-        if source.get("vocab_size") or (neutral or {}).get("vocab_size"):
-            raise
-        model = None
+    unknown = not (source.get("vocab_size") or source.get("padded_vocab_size") or vocab_size)
+    if not source.get("vocab_size"):
+        source["vocab_size"] = vocab_size or 1  # 1: a placeholder while unknown, replaced by 0 below
+    model = model_from_args(source)
+    if unknown:
+        model = model.model_copy(update={"vocab_size": 0})
     kept = {k: (neutral or {})[k] for k in ("family", "embedding_init_std") if (neutral or {}).get(k) is not None}
     if model is not None and kept:
         model = model.model_copy(update=kept)

@@ -4,10 +4,11 @@
 - **kernel-only**: a fusion, kernel, communication-overlap, logging or infrastructure choice with
   no effect on the math here; accepted, and at run time a non-default value is said in one
   ``derived`` line, never silently dropped;
-- **refused at run time**: a non-default value would change the math, the parallel layout or the
-  precision and cannot be honoured here (FP8 without Transformer Engine, another model family,
-  sample-based schedules ...): training stops with exit 2 and one line. ``config validate``,
-  ``plan`` and ``train --dry-run`` still accept it (the file is valid Megatron-LM).
+- **refused**: a non-default value would change the math, the parallel layout or the precision
+  and cannot be honoured here (another model family, sample-based schedules ...): admission
+  (``admission.py``: ``config validate``, ``plan``, ``train --dry-run`` and the launch alike) stops
+  with exit 2 and one line. Arguments whose support depends on the device (FP8, FSDP, context
+  parallelism ...) are decided per target by ``primus.runtime.capabilities`` instead.
 
 The classes come from hand-kept lists, then rules over Megatron-LM's argument groups; an
 argument nobody listed is refused (never silently ignored). Tests check that every row of the
@@ -18,15 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
 
-from primus.backends.megatron import te_features
 from primus.backends.megatron.schema import megatron_lm_table
 from primus.backends.megatron.te_features import TE_ARGS
-from primus.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from primus.plan.target import Target
 
 IMPLEMENTED_KIND, KERNEL_ONLY_KIND, REFUSED_KIND = "implemented", "kernel-only", "refused"
 
@@ -45,7 +40,9 @@ IMPLEMENTED: dict[str, str] = {
         "apply_query_key_layer_scaling", "attention_softmax_in_fp32", "rotary_interleaved",
         "recompute_granularity", "recompute_method", "recompute_num_layers", "distribute_saved_activations",
         "recompute_modules", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-        "microbatch_group_size_per_vp_stage", "clone_scatter_output_in_embedding",
+        "microbatch_group_size_per_vp_stage", "clone_scatter_output_in_embedding", "calculate_per_token_loss",
+        # attention sinks (gpt-oss) and sliding windows: megatron-core's DotProductAttention (and TE's)
+        "softmax_type", "window_size", "window_attn_skip_freq",
         # MoE
         "moe_layer_freq", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
         "moe_router_topk", "moe_router_num_groups", "moe_router_group_topk", "moe_router_pre_softmax",
@@ -68,27 +65,36 @@ IMPLEMENTED: dict[str, str] = {
     **dict.fromkeys(("position_embedding_type", "use_rotary_position_embeddings", "rotary_base", "rotary_percent",
                      "rotary_seq_len_interpolation_factor", "use_rope_scaling", "rope_scaling_factor",
                      "max_position_embeddings", "untie_embeddings_and_output_weights", "fp16_lm_cross_entropy",
-                     "vocab_size", "make_vocab_size_divisible_by"), "GPTModel"),
+                     "vocab_size", "make_vocab_size_divisible_by",
+                     "add_position_embedding"), "GPTModel"),  # False: only with rope (validate_args), a no-op there
     **dict.fromkeys(("lr", "min_lr", "decoupled_lr", "decoupled_min_lr", "weight_decay", "apply_wd_to_qk_layernorm",
                      "optimizer", "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum", "clip_grad",
                      "loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis",
-                     "use_distributed_optimizer", "overlap_param_gather"), _OPT),
+                     "use_distributed_optimizer", "overlap_param_gather",
+                     # on Transformer Engine's FusedAdam: admitted per target (admission.py, capabilities)
+                     "use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
+                     "exp_avg_sq_dtype"), _OPT),
     **dict.fromkeys(("overlap_grad_reduce", "accumulate_allreduce_grads_in_fp32", "grad_reduce_in_bf16",
                      "ddp_bucket_size"), _DDP),
     **dict.fromkeys(("lr_decay_style", "lr_decay_iters", "lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_init",
                      "lr_wsd_decay_style", "lr_wsd_decay_iters", "start_weight_decay", "end_weight_decay",
                      "weight_decay_incr_style", "override_opt_param_scheduler",
-                     "use_checkpoint_opt_param_scheduler"), "OptimizerParamScheduler"),
+                     "use_checkpoint_opt_param_scheduler", "train_samples", "lr_decay_samples", "lr_warmup_samples",
+                     "lr_wsd_decay_samples"), "OptimizerParamScheduler"),
     **dict.fromkeys(("micro_batch_size", "global_batch_size", "train_iters", "seed", "data_parallel_random_init",
-                     "recompute_activations", "eval_iters", "eval_interval", "check_for_nan_in_loss_and_grad"),
-                    "trainer"),
+                     "recompute_activations", "eval_iters", "eval_interval", "enable_experimental",
+                     "exit_duration_in_mins", "check_for_nan_in_loss_and_grad"), "trainer"),
     **dict.fromkeys(("mock_data", "data_path", "split", "train_data_path", "valid_data_path", "test_data_path",
                      "data_cache_path", "reset_position_ids", "reset_attention_mask", "eod_mask_loss", "seq_length",
                      "encoder_seq_length", "create_attention_mask_in_dataloader", "mmap_bin_files",
-                     "num_dataset_builder_threads", "mid_level_dataset_surplus", "dataloader_type",
-                     "tokenizer_type", "tokenizer_model"), "data"),
+                     "num_dataset_builder_threads", "mid_level_dataset_surplus", "dataloader_type", "data_sharding",
+                     "tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "tokenizer_special_tokens",
+                     "tiktoken_pattern", "tiktoken_num_special_tokens", "tiktoken_special_tokens",
+                     "tokenizer_sentencepiece_legacy"), "data"),
     **dict.fromkeys(("save", "load", "save_interval", "finetune", "no_load_optim", "no_load_rng", "no_save_optim",
-                     "no_save_rng", "ckpt_format", "exit_on_missing_checkpoint"), "checkpoint"),
+                     "no_save_rng", "ckpt_format", "exit_on_missing_checkpoint", "pretrained_checkpoint"),
+                    "checkpoint"),
+    # admitted per target: rows megatron.torch_fsdp2 / megatron.megatron_fsdp (admission.py, capabilities)
     **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward", "use_megatron_fsdp",
                      "data_parallel_sharding_strategy"), "fsdp"),
     # FP8 and context parallelism: admitted where the target has a GPU with Transformer Engine (te_features.py)
@@ -98,15 +104,17 @@ IMPLEMENTED: dict[str, str] = {
 # Values of implemented arguments this backend runs; any other (valid Megatron-LM) value is refused.
 SUPPORTED_VALUES: dict[str, tuple[set, str]] = {
     "optimizer": ({"adam", "sgd"}, "megatron-core's Adam and SGD are wired here"),
-    "tokenizer_type": ({None, "HuggingFaceTokenizer", "NullTokenizer"},
-                       "HuggingFaceTokenizer (a local tokenizer.json) and NullTokenizer are wired here"),
+    "tokenizer_type": ({None, "HuggingFaceTokenizer", "GPT2BPETokenizer", "Llama2Tokenizer", "SentencePieceTokenizer",
+                        "GPTSentencePieceTokenizer", "TikTokenizer", "NullTokenizer"},
+                       "the tokenizers that read local files are wired here (tokenizers.py)"),
     "position_embedding_type": ({"learned_absolute", "rope", "none"},
                                 "mrope and relative embeddings need other model code / Transformer Engine"),
     "moe_token_dispatcher_type": ({"allgather", "alltoall"}, "the flex dispatcher needs DeepEP on GPUs"),
-    "ckpt_format": ({"torch_dist", "torch", "fsdp_dtensor"},
+    "ckpt_format": ({"torch_dist", "torch", "torch_dcp", "fsdp_dtensor"},
                     "megatron-core dist_checkpointing (torch_dist), Megatron-LM's legacy per-rank files (torch) "
-                    "and Megatron-FSDP's DCP checkpoints (fsdp_dtensor) are wired here"),
-    "dataloader_type": ({None, "single"}, "Megatron-LM's pretraining sampler order is what runs here"),
+                    "and Megatron-FSDP's DCP checkpoints (fsdp_dtensor), each per target (primus.runtime.capabilities)"),
+    "dataloader_type": ({None, "single", "cyclic"},
+                        "Megatron-LM's pretraining and random (cyclic) samplers run here; external needs your code"),
     "rope_type": ({None, "rope", "yarn"}, "megatron-core's RoPE and YaRN"),
 }
 
@@ -176,18 +184,17 @@ KERNEL_ONLY: dict[str, str] = {
                      "check_for_spiky_loss"), _CHECK),
 }
 
-_TE_PRECISION = ("FP4, quantizer factories, the precision-aware optimizer and per-module precision recipes are "
-                 "not wired here (FP8 is)")
+_TE_PRECISION = ("FP4, quantizer factories and per-module precision recipes are not wired here (FP8 and the "
+                 "precision-aware optimizer are, on a GPU with Transformer Engine)")
 _LAYOUT = "another parallel or sharding layout than Primus's Megatron trainer builds"
 _FAMILY = "another model family or attention variant than the GPT/MoE/MLA models built here"
-_SCHEDULE = "sample-based or phased schedules: Primus's Megatron trainer counts iterations"
+_SCHEDULE = "batch-size ramp-ups, phased or partial schedules: Primus's Megatron trainer runs a fixed global batch"
 _DEPRECATED = "no longer valid in Megatron-LM"
 REFUSED: dict[str, str] = {
     **dict.fromkeys((
         "fp8_quantizer_factory", "fp4", "fp4_recipe", "fp4_param",
         "fp4_quantizer_factory", "te_precision_config_file", "reuse_grad_buf_for_mxfp8_param_ag",
-        "use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
-        "exp_avg_sq_dtype", "use_kitchen_attention", "kitchen_attention_backend", "te_rng_tracker",
+        "use_kitchen_attention", "kitchen_attention_backend", "te_rng_tracker",
     ), _TE_PRECISION),
     **dict.fromkeys((
         "max_seqlen_per_dp_cp_rank", "hybrid_context_parallel", "outer_dp_sharding_strategy", "fsdp_double_buffer",
@@ -198,36 +205,32 @@ REFUSED: dict[str, str] = {
                      "megatron_fsdp_grad_comm_dtype"),
                     "megatron-core 0.16's Megatron-FSDP takes no mixed-precision dtypes (a later Megatron-LM argument)"),
     **dict.fromkeys((
-        "experimental_attention_variant", "softmax_type", "qk_l2_norm", "qk_clip", "qk_clip_alpha",
+        "experimental_attention_variant", "qk_l2_norm", "qk_clip", "qk_clip_alpha",
         "qk_clip_threshold", "attention_output_gate", "glu_linear_offset", "activation_func_clamp_value",
-        "window_size", "window_attn_skip_freq", "no_rope_freq", "is_hybrid_model", "use_mamba_mem_eff_path",
+        "no_rope_freq", "is_hybrid_model", "use_mamba_mem_eff_path",
         "mrope_section", "moe_latent_size", "moe_enable_routing_replay", "moe_use_upcycling",
         "moe_upcycling_granularity", "moe_enable_deepep", "mtp_standalone", "mtp_use_repeated_layer",
-        "mtp_hybrid_override_pattern", "calculate_per_token_loss", "spec", "hybrid_layer_pattern",
+        "mtp_hybrid_override_pattern", "spec", "hybrid_layer_pattern",
         "hybrid_override_pattern", "yaml_cfg", "openai_gelu", "onnx_safe", "bert_binary_head",
-        "add_position_embedding", "relative_attention_num_buckets", "relative_attention_max_distance",
+        "relative_attention_num_buckets", "relative_attention_max_distance",
         "use_legacy_models", "decoder_num_layers", "decoder_seq_length", "cache_mla_latents",
         "flash_decode", "mlp_chunks_for_prefill", "nccl_all_reduce_for_prefill", "inference_fuse_tp_communication",
         "inference_disable_triton_nvls_kernels", "inference_disable_torch_grouped_mm",
         "moe_pad_experts_for_cuda_graph_inference", "inference_rng_tracker",
     ), _FAMILY),
     **dict.fromkeys((
-        "rampup_batch_size", "decrease_batch_size_if_needed", "train_samples", "lr_decay_samples",
-        "lr_warmup_samples", "lr_wsd_decay_samples", "phase_transition_iterations", "iterations_to_skip",
-        "exit_interval", "exit_duration_in_mins", "skip_train", "full_validation", "multiple_validation_sets",
-        "test_mode",
+        "rampup_batch_size", "decrease_batch_size_if_needed", "phase_transition_iterations", "iterations_to_skip",
+        "exit_interval", "skip_train", "full_validation", "multiple_validation_sets", "test_mode",
     ), _SCHEDULE),
     **dict.fromkeys(("batch_size", "warmup", "model_parallel_size", "checkpoint_activations",
                      "no_weight_decay_cond_type"), _DEPRECATED),
     **dict.fromkeys((
         "data_args_path", "per_split_data_args_path", "per_dataset_sequences_path", "object_storage_cache_path",
-        "vocab_file", "merge_file", "vocab_extra_ids", "tokenizer_metadata", "tokenizer_special_tokens",
-        "tiktoken_pattern", "tiktoken_num_special_tokens", "tiktoken_special_tokens",
-        "tokenizer_sentencepiece_legacy", "sample_rate", "mask_prob", "short_seq_prob",
+        "vocab_extra_ids", "tokenizer_metadata", "sample_rate", "mask_prob", "short_seq_prob",
         "allow_ambiguous_pad_tokens", "padded_vocab_size",
     ), "a data or tokenizer path not wired here (indexed .bin/.idx with a Hugging Face tokenizer, or mock data)"),
     **dict.fromkeys((
-        "pretrained_checkpoint", "ckpt_step", "use_checkpoint_args", "use_mp_args_from_checkpoint_args",
+        "ckpt_step", "use_checkpoint_args", "use_mp_args_from_checkpoint_args",
         "load_main_params_from_ckpt", "non_persistent_save_interval", "non_persistent_ckpt_type",
         "non_persistent_global_ckpt_dir", "non_persistent_local_ckpt_dir", "non_persistent_local_ckpt_algo",
         "ckpt_convert_format", "ckpt_convert_save", "ckpt_convert_update_legacy_dist_opt_format",
@@ -236,12 +239,6 @@ REFUSED: dict[str, str] = {
     ), "a checkpoint mode not wired here (save/load of torch_dist checkpoints is)"),
     **dict.fromkeys(("error_injection_rate", "error_injection_type", "result_rejected_tracker_filename"),
                     "fault injection / result replay would change the run"),
-}
-
-# Implemented arguments that need a GPU: on a CPU a non-default value is refused, for this reason.
-NEEDS_GPU: dict[str, str] = {
-    "use_megatron_fsdp": "Megatron-FSDP (megatron-core 0.16's megatron_fsdp) gathers parameters and reduce-scatters "
-                         "gradients on CUDA streams and places its buffers on a CUDA device: it needs a GPU",
 }
 
 # Kernel-only arguments the trainer honours where the kernel exists and always says what it chose
@@ -288,59 +285,3 @@ def classify(dest: str) -> Support:
         if pattern.search(dest):
             return Support(REFUSED_KIND, reason)
     return Support(REFUSED_KIND, _NOT_WIRED)
-
-
-def _same(value: Any, default: Any) -> bool:
-    norm = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731
-    if isinstance(value, list) and len(value) == 1 and not isinstance(default, list):
-        value = value[0]  # a one-item list for a nargs argument whose default is a scalar
-    return norm(value) == norm(default)
-
-
-def run_time_notes(args, given: set[str], module: str = "pre_trainer", *,
-                   target: "Target | None" = None) -> list[tuple[str, Any, str]]:
-    """Check the arguments the experiment set, at run time (never in ``config validate``/dry-run),
-    for ``target`` (default: this host): it decides the ``NEEDS_GPU`` arguments and FP8 / context
-    parallelism (``te_features.py``).
-
-    Returns one (key, value, reason) note per kernel-only argument set to a non-default value (and
-    per FP8 / context-parallel setting that has no effect without them); raises ConfigError (exit 2,
-    one line) for the first refused one.
-    """
-    from primus.plan.target import host_target
-
-    notes = []
-    table = megatron_lm_table()
-    target = target or host_target()
-    _admit_te_features(args, given, module, target)
-    for dest in table:
-        if dest not in given:
-            continue
-        value = getattr(args, dest)
-        support = classify(dest)
-        if support.kind == IMPLEMENTED_KIND and dest in SUPPORTED_VALUES:
-            values, why = SUPPORTED_VALUES[dest]
-            if value not in values:
-                raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be run here ({why}); "
-                                  f"supported: {', '.join(repr(v) for v in sorted(values, key=str) if v is not None)}")
-        if _same(value, table[dest].default):
-            continue
-        if dest in NEEDS_GPU and not target.gpu:
-            raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be run on a CPU ({NEEDS_GPU[dest]})")
-        if support.kind == REFUSED_KIND:
-            raise ConfigError(f"modules.{module}.{dest}: {value!r} cannot be honoured here ({support.reason}); "
-                              "ignoring it would change the run, so training stops "
-                              f"(remove it or set it to Megatron-LM's default, {table[dest].default!r})")
-        if support.kind == KERNEL_ONLY_KIND and dest not in SAID_BY_TRAINER:
-            notes.append((dest, value, f"accepted, no effect here: {support.reason}"))
-    return notes + te_features.inert_notes(args, {d for d in given if d in table and not _same(getattr(args, d),
-                                                                                              table[d].default)})
-
-
-def _admit_te_features(args, given: set[str], module: str, target: "Target") -> None:
-    """FP8 / context parallelism: refused, in one line, where ``target`` cannot run them (te_features.py)."""
-    problem = te_features.refusal(args, given, target)
-    if problem:
-        dest, reason = problem
-        raise ConfigError(f"modules.{module}.{dest}: {getattr(args, dest)!r} cannot run on {target.describe()} "
-                          f"({reason})")

@@ -58,7 +58,7 @@ def refusal(args, given: set[str], target: Target) -> tuple[str, str] | None:
     None when every one the experiment set can run there."""
     if uses_fp8(args) and "fp8" in given:
         reason = _te_layers_refusal(args, target, "FP8 training runs in Transformer Engine's layers on a GPU; "
-                                                  "megatron-core's local layers have no FP8")
+                                                  "megatron-core's local layers have no FP8", "megatron.fp8")
         if reason:
             return "fp8", reason
         reason = _recipe_refusal(args, target)
@@ -71,7 +71,7 @@ def refusal(args, given: set[str], target: Target) -> tuple[str, str] | None:
     if uses_context_parallel(args) and "context_parallel_size" in given:
         reason = _te_layers_refusal(args, target, "context parallelism splits attention in Transformer "
                                                   "Engine's TEDotProductAttention on a GPU; megatron-core's "
-                                                  "local attention refuses it")
+                                                  "local attention refuses it", "megatron.context_parallel")
         if reason:
             return "context_parallel_size", reason
         if "a2a+p2p" in args.cp_comm_type and not args.hierarchical_context_parallel_sizes:
@@ -79,11 +79,17 @@ def refusal(args, given: set[str], target: Target) -> tuple[str, str] | None:
     return None
 
 
-def _te_layers_refusal(args, target: Target, what: str) -> str | None:
-    if not target.gpu:
+def _te_layers_refusal(args, target: Target, what: str, feature: str) -> str | None:
+    """``feature``'s row of ``primus.runtime.capabilities`` decides the target (a GPU with Transformer Engine)."""
+    from primus.runtime.capabilities import INSTALL_TE, missing
+
+    lack = missing(feature, target)
+    if lack == "gpu":
         return what
-    if not target.transformer_engine:
-        return f"{what}; Transformer Engine is not importable here (`primus prepare megatron --with-te` installs it)"
+    if lack == "transformer_engine":
+        return f"{what}; Transformer Engine is not importable here ({INSTALL_TE})"
+    if lack == "nowhere":
+        return f"{what}; not wired in Primus"
     if args.transformer_impl == "local":
         return f"{what}; transformer_impl is local (set transformer_engine)"
     return None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from primus.backends.megatron import checkpoint as ckpt
 from primus.backends.megatron.arguments import MegatronArgs
-from primus.backends.megatron.data import build_datasets, build_tokenizer, micro_batches, sample_indices
+from primus.backends.megatron.data import build_datasets, micro_batches, sample_positions
 from primus.backends.megatron.model import (
     Derived,
     build_model,
@@ -27,11 +27,13 @@ from primus.backends.megatron.model import (
 )
 from primus.backends.megatron.fsdp import wrap_data_parallel
 from primus.backends.megatron.plan import flops_per_step
+from primus.backends.megatron.tokenizers import build_tokenizer
 from primus.backends.megatron.aux_losses import aux_loss_metrics
-from primus.backends.megatron.support import run_time_notes
+from primus.backends.megatron.admission import check_arguments
 from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
 from primus.config.errors import ConfigError
 from primus.plan.target import Target, host_target
+from primus.runtime.admission import Admission
 from primus.runtime.metrics import EvalReport, StepReport
 from primus.runtime.phases import timed_iterator
 
@@ -116,6 +118,7 @@ class MegatronTrainer:
         self.post = post  # [#15] primus.hf.megatron_start.MegatronPostTraining: HF weights, instruction data
         self.lora = lora  # primus.backends.megatron.lora.LoRAConfig (enabled) or None
         self.owns_process_group = False
+        self.started = time.time()  # exit_duration_in_mins counts from here (Megatron-LM: from pretrain())
 
     def _say_notes(self) -> None:
         """What Megatron-LM's rules and the support table decided, once, before anything is built;
@@ -125,7 +128,11 @@ class MegatronTrainer:
                 self.ctx.logger.warning("%s=%s (%s)", key, value, reason)
             else:
                 self.ctx.log_derived(key, value, reason)
-        for key, value, reason in run_time_notes(self.args, self.args.given, self.module, target=self.target):
+        # the launcher admitted the run on this host's device: the same check, on the device this rank uses
+        refused, notes = check_arguments(self.args, self.target)
+        if refused:
+            raise ConfigError(Admission(self.target, self.module, refused).error())
+        for key, value, reason in notes:
             self.ctx.log_derived(key, value, reason)
 
     def setup(self) -> None:
@@ -171,6 +178,9 @@ class MegatronTrainer:
 
         destroy_rerun_state_machine()
         initialize_rerun_state_machine(mode=RerunMode.DISABLED)
+        from megatron.core.config import set_experimental_flag
+
+        set_experimental_flag(bool(args.enable_experimental))  # Megatron-LM's global_vars does the same
         set_random_seed(args)
 
         self.tokenizer = build_tokenizer(args)
@@ -209,16 +219,7 @@ class MegatronTrainer:
 
         self.iteration, self.consumed = 0, 0
         self.save_dir = Path(args.save) if args.save else ctx.checkpoint_dir
-        load_dir = Path(args.load) if args.load else (self.save_dir if ctx.resume else None)
-        if load_dir is not None:
-            if ckpt.latest_iteration(load_dir) is None:
-                if args.load or args.exit_on_missing_checkpoint:
-                    raise ConfigError(f"load: no checkpoint ({ckpt.TRACKER}) under {load_dir}")
-                ctx.logger.info("resume: no checkpoint under %s yet, starting from scratch", load_dir)
-            else:
-                self.iteration, self.consumed = ckpt.load_checkpoint(load_dir, self.model, self.optimizer,
-                                                                     self.scheduler, args, ctx.log_derived)
-                ctx.logger.info("loaded checkpoint %s at iteration %d", load_dir, self.iteration)
+        self._load()
 
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -226,6 +227,30 @@ class MegatronTrainer:
             self.train_ds, self.valid_ds = self.post.datasets(args.seq_length, args.seed, ctx)
         else:
             self.train_ds, self.valid_ds, _ = build_datasets(args, self.tokenizer, self.gbs, self.dp)
+
+    def _load(self) -> None:
+        """Resume from ``load`` (or this run's own checkpoints); with none there, start from
+        ``pretrained_checkpoint`` as Megatron-LM's ``load_checkpoint`` does: finetune from it (its weights
+        at iteration 0, no optimizer or RNG state)."""
+        args, ctx = self.args, self.ctx
+        load_dir = Path(args.load) if args.load else (self.save_dir if ctx.resume else None)
+        if (load_dir is None or ckpt.latest_iteration(load_dir) is None) and args.pretrained_checkpoint:
+            ctx.log_derived("pretrained_checkpoint", args.pretrained_checkpoint,
+                            f"no checkpoint under {load_dir or 'load'}: finetuning from it (Megatron-LM)")
+            load_dir = Path(args.pretrained_checkpoint)
+            args.finetune = True  # as Megatron-LM's load_checkpoint sets it
+            if ckpt.latest_iteration(load_dir) is None:
+                raise ConfigError(f"pretrained_checkpoint: no checkpoint ({ckpt.TRACKER}) under {load_dir}")
+        if load_dir is None:
+            return
+        if ckpt.latest_iteration(load_dir) is None:
+            if args.load or args.exit_on_missing_checkpoint:
+                raise ConfigError(f"load: no checkpoint ({ckpt.TRACKER}) under {load_dir}")
+            ctx.logger.info("resume: no checkpoint under %s yet, starting from scratch", load_dir)
+            return
+        self.iteration, self.consumed = ckpt.load_checkpoint(load_dir, self.model, self.optimizer, self.scheduler,
+                                                             args, ctx.log_derived)
+        ctx.logger.info("loaded checkpoint %s at iteration %d", load_dir, self.iteration)
 
     def _apply_lora(self, chunks: list) -> None:
         from primus.backends.megatron.lora import apply_lora, parameter_counts, summary
@@ -261,10 +286,11 @@ class MegatronTrainer:
     def _batches(self, dataset, consumed: int):
         layout = dict(consumed_samples=consumed, global_batch_size=self.gbs, micro_batch_size=self.args.micro_batch_size,
                       dp_rank=self.dp_rank, dp_size=self.dp)
-        batches = micro_batches(dataset, device=self.device, **layout)
+        batches = micro_batches(dataset, device=self.device, cyclic=self.args.dataloader_type == "cyclic",
+                                data_sharding=self.args.data_sharding, **layout)
         if self.ctx.samples is not None and dataset is self.train_ds:  # primus.sample_hashes
-            for indices, batch in zip(sample_indices(**layout), batches):
-                self.ctx.samples.add(batch["tokens"], keys=indices)
+            for positions, batch in zip(sample_positions(**layout), batches):
+                self.ctx.samples.add(batch["tokens"], keys=positions)
         return timed_iterator(batches, self.ctx.phase("data"))
 
     def _data_iterator(self, dataset, consumed: int):
@@ -355,8 +381,9 @@ class MegatronTrainer:
             if args.save_interval and self.iteration % args.save_interval == 0:
                 self.save()
                 last_saved = self.iteration
-            if self.iteration < args.train_iters and ctx.should_stop():
-                # SIGTERM (preemption): checkpoint this step whatever the interval, then stop.
+            if self.iteration < args.train_iters and (ctx.should_stop() or self._out_of_time()):
+                # SIGTERM (preemption) or exit_duration_in_mins: checkpoint this step whatever the interval,
+                # then stop; the same command resumes (exit 75)
                 from primus.runtime.preemption import Preempted
 
                 if last_saved != self.iteration:
@@ -364,6 +391,23 @@ class MegatronTrainer:
                 raise Preempted(self.iteration, True)
         if last_saved != self.iteration and ctx.save_last_checkpoint:  # AMD Primus: disable_last_saving
             self.save()
+
+    def _out_of_time(self) -> bool:
+        """Megatron-LM's ``exit_duration_in_mins``: minutes since the trainer started, the largest over the
+        ranks, past the limit (every rank agrees, as Megatron-LM's all-reduce MAX makes them)."""
+        if not self.args.exit_duration_in_mins:
+            return False
+        import torch
+        import torch.distributed as dist
+
+        minutes = (time.time() - self.started) / 60.0
+        done = torch.tensor([int(minutes > self.args.exit_duration_in_mins)], device=self.device)
+        if dist.is_initialized():
+            dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        if done.item():
+            self.ctx.log_derived("exit_duration_in_mins", self.args.exit_duration_in_mins,
+                                 f"{minutes:.1f} minutes: checkpoint and stop; the same command resumes")
+        return bool(done.item())
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -119,9 +119,14 @@ def _data_rules(args, m: str) -> None:
         raise _fail(m, "set data_path (indexed .bin/.idx prefixes), train_data_path/valid_data_path/test_data_path, "
                        "or mock_data: true")
     if not args.mock_data and args.tokenizer_type is None:
-        raise _fail(m, "real data needs tokenizer_type (HuggingFaceTokenizer with tokenizer_model)", "tokenizer_type")
-    if args.tokenizer_type == "HuggingFaceTokenizer" and not args.tokenizer_model:
-        raise _fail(m, "required with tokenizer_type: HuggingFaceTokenizer", "tokenizer_model")
+        raise _fail(m, "real data needs tokenizer_type (HuggingFaceTokenizer with tokenizer_model, GPT2BPETokenizer "
+                       "with vocab_file and merge_file, Llama2Tokenizer / SentencePieceTokenizer / TikTokenizer with "
+                       "tokenizer_model)", "tokenizer_type")
+    from primus.backends.megatron.tokenizers import required_keys
+
+    for key in required_keys(args.tokenizer_type):
+        if not getattr(args, key):
+            raise _fail(m, f"required with tokenizer_type: {args.tokenizer_type}", key)
     if args.dataloader_type is None:
         args.dataloader_type = "single"
     if args.seq_length is None and args.encoder_seq_length is not None:
@@ -130,7 +135,36 @@ def _data_rules(args, m: str) -> None:
         raise _fail(m, "seq_length and encoder_seq_length are the same argument: give one", "encoder_seq_length")
 
 
+def _iterations_or_samples(args, m: str) -> None:
+    """Megatron-LM's iteration- vs sample-based training (validate_args and update_train_iters, d3528a2): one
+    or the other; sample-based training runs train_samples // global_batch_size iterations, its LR schedule
+    counted in samples (lr_decay_samples, lr_warmup_samples, lr_wsd_decay_samples)."""
+    if args.train_iters:
+        for key, off, what in (("train_samples", None, "iteration-based training"),
+                               ("lr_decay_samples", None, "iteration-based learning rate decay"),
+                               ("lr_warmup_samples", 0, "iteration-based learning rate warmup"),
+                               ("rampup_batch_size", None, "no batch-size rampup for iteration-based training")):
+            if getattr(args, key) != off:
+                raise _fail(m, f"Megatron-LM expects {what} with train_iters (give train_samples instead of "
+                               "train_iters, or drop it)", key)
+    if not args.train_samples:
+        return
+    for key, off, what in (("lr_decay_iters", None, "sample-based learning rate decay"),
+                           ("lr_warmup_iters", 0, "sample-based learning rate warmup")):
+        if getattr(args, key) != off:
+            raise _fail(m, f"Megatron-LM expects {what} with train_samples", key)
+    if args.lr_warmup_fraction is not None and args.lr_warmup_samples:
+        raise _fail(m, "give one of lr_warmup_fraction and lr_warmup_samples (Megatron-LM)", "lr_warmup_samples")
+    if args.global_batch_size is None:
+        raise _fail(m, "train_samples needs global_batch_size here (the run is train_samples / global_batch_size "
+                       "iterations)", "global_batch_size")
+    if args.rampup_batch_size is None:
+        args.train_iters = args.train_samples // args.global_batch_size
+        args.note("train_iters", args.train_iters, "train_samples / global_batch_size (Megatron-LM's update_train_iters)")
+
+
 def _schedule_rules(args, m: str) -> None:
+    _iterations_or_samples(args, m)
     if args.train_iters and args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise _fail(m, "give one of lr_warmup_fraction and lr_warmup_iters (Megatron-LM)")
     if args.lr is not None and args.min_lr > args.lr:
@@ -142,9 +176,9 @@ def _schedule_rules(args, m: str) -> None:
     elif args.start_weight_decay is None or args.end_weight_decay is None:
         raise _fail(m, f"weight_decay_incr_style: {args.weight_decay_incr_style} needs start_weight_decay "
                        "and end_weight_decay")
-    if args.lr_decay_style == "WSD" and args.lr_wsd_decay_iters is None:
+    if args.lr_decay_style == "WSD" and args.lr_wsd_decay_iters is None and args.lr_wsd_decay_samples is None:
         raise _fail(m, "lr_decay_style: WSD needs lr_wsd_decay_iters (Megatron-LM's scheduler)", "lr_wsd_decay_iters")
-    if args.train_iters:
+    if args.train_iters and not args.train_samples:
         clamp_warmup(args)
 
 
@@ -165,7 +199,14 @@ def clamp_warmup(args) -> None:
               "clamped to decay - 1 as Megatron's scheduler needs", level="warning")
 
 
+def _position_embedding_rules(args, m: str) -> None:
+    if not args.add_position_embedding and args.position_embedding_type != "rope":  # Megatron-LM, d3528a2
+        raise _fail(m, "no_position_embedding is deprecated in Megatron-LM (allowed with position_embedding_type: "
+                       "rope only): use position_embedding_type", "add_position_embedding")
+
+
 def _model_rules(args, m: str) -> None:
+    _position_embedding_rules(args, m)
     if args.num_layers is None and args.encoder_num_layers is not None:
         args.num_layers = args.encoder_num_layers
     elif args.num_layers is not None and args.encoder_num_layers is not None:
@@ -209,6 +250,21 @@ def _model_rules(args, m: str) -> None:
         raise _fail(m, "multi_latent_attention needs kv_lora_rank", "kv_lora_rank")
 
 
+def _precision_aware_optimizer_rules(args, m: str) -> None:
+    """megatron-core's OptimizerConfig asserts these (optimizer_config.py, 0.16.1): said before launch."""
+    if args.use_precision_aware_optimizer:
+        if args.optimizer != "adam":
+            raise _fail(m, "use_precision_aware_optimizer needs optimizer: adam (megatron-core)", "optimizer")
+        if not args.use_distributed_optimizer:
+            raise _fail(m, "use_precision_aware_optimizer needs use_distributed_optimizer: true (megatron-core)",
+                        "use_distributed_optimizer")
+        return
+    for key in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(args, key) != "fp32":
+            raise _fail(m, f"{getattr(args, key)} needs use_precision_aware_optimizer: true (megatron-core keeps "
+                           "fp32 otherwise)", key)
+
+
 def _precision_rules(args, m: str) -> None:
     if args.bf16 and args.fp16:
         raise _fail(m, "bf16 and fp16 are both true; choose one")
@@ -223,6 +279,7 @@ def _precision_rules(args, m: str) -> None:
             args.accumulate_allreduce_grads_in_fp32 = True
             args.note("accumulate_allreduce_grads_in_fp32", True, "bf16: Megatron-LM accumulates and all-reduces "
                       "gradients in fp32")
+    _precision_aware_optimizer_rules(args, m)
     if args.fp16_lm_cross_entropy and not args.fp16:
         raise _fail(m, "needs fp16: true", "fp16_lm_cross_entropy")
     if args.fp32_residual_connection and not (args.fp16 or args.bf16):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from primus.config.errors import ConfigError
 from primus.config.provenance import Provenance
@@ -13,6 +13,10 @@ from primus.plan.flops import flops_per_token
 from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 from primus.runtime.context import RunContext
 from primus.runtime.preemption import Preempted
+
+if TYPE_CHECKING:
+    from primus.plan.target import Target
+    from primus.runtime.admission import Refusal
 
 
 def _with_tiny_assets(params: dict[str, Any], derived: list[tuple[str, Any, str]] | None = None) -> dict[str, Any]:
@@ -47,6 +51,9 @@ def register_local_datasets() -> None:
     DATASETS.setdefault("text", DatasetConfig(
         path="", sample_processor=lambda sample: sample["text"],
         loader=lambda path: load_dataset("text", data_files=files(path, "*.txt"), split="train")))
+    from primus.backends.torchtitan import mock_data
+
+    mock_data.register(DATASETS)  # AMD Primus's training.mock_data
 
 
 class TorchTitanAdapter(BackendAdapter):
@@ -98,8 +105,18 @@ class TorchTitanAdapter(BackendAdapter):
             _with_tiny_assets(params, derived)
         return derived
 
+    def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
+        """A float8 converter the target cannot run (``float8.py``); the launch, dry-run, validate and plan ask."""
+        from primus.backends.torchtitan.float8 import admission_refusal
+        from primus.runtime.admission import Refusal
+
+        problem = admission_refusal(plan.module.params, target)
+        if problem is None:
+            return []
+        key, reason = problem
+        return [Refusal(key, "float8", f"cannot run on {target.describe()} ({reason})")]
+
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
-        _admit_float8(plan.module)
         root = tiny_assets_dir(plan.module.params)
         if root is not None and hf_start.is_post_training(plan.module.params, plan.module.stage):
             _build_tiny_sft_assets(plan.module, log)  # [#15] tiny HF model + instruction set
@@ -121,7 +138,7 @@ class TorchTitanAdapter(BackendAdapter):
         cfg, prefix = plan.engine_config, f"modules.{module.name}"
         # a Hub id (meta-llama/Llama-3.1-8B) is fetched when the run starts (primus/compat/hub.py)
         checks = [] if is_hub_id(cfg.hf_assets_path) else [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
-        if getattr(cfg.dataloader, "dataset_path", None):
+        if getattr(cfg.dataloader, "dataset_path", None) and getattr(cfg.dataloader, "dataset", None) != "mock":
             checks.append(("dataloader.dataset_path", Path(cfg.dataloader.dataset_path)))
         for key, path in checks:
             if not path.exists():
@@ -181,18 +198,6 @@ def _params(module: ModuleConfig, derived: list) -> dict[str, Any]:
     if tiny_assets_dir(module.params) is not None:
         _build_tiny_sft_assets(module, lambda message: None)
     return hf_start.with_hf_start(module.params, module.stage, derived, prefix=f"modules.{module.name}")
-
-
-def _admit_float8(module: ModuleConfig) -> None:
-    """A float8 converter this host cannot run stops the launch in one line (``float8.py``)."""
-    from primus.backends.torchtitan.float8 import admission_refusal
-    from primus.plan.target import host_target
-
-    target = host_target()
-    problem = admission_refusal(module.params, target)
-    if problem:
-        key, reason = problem
-        raise ConfigError(f"modules.{module.name}.{key}: cannot run on {target.describe()} ({reason})")
 
 
 def _build_tiny_sft_assets(module: ModuleConfig, log: Callable[[str], None]) -> None:

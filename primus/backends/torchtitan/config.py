@@ -270,6 +270,8 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
     _derive_run_paths(cfg, run_dir, ctx)
     if device != "cuda":
         _derive_cpu_settings(cfg, ctx)  # before the engine's checks: e.g. CUDA graphs are refused with EP
+    else:
+        _derive_cuda_graphs(cfg, params, ctx)
     try:
         cfg.__post_init__()  # the engine's own cross-field invariants, on the final values
     except ValueError as exc:
@@ -387,6 +389,20 @@ def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
         cfg.parallelism.spmd_backend = "partial_dtensor"
         ctx.derived.append(("parallelism.spmd_backend", "partial_dtensor",
                             "spmd_types fails with >1 rank on torch 2.13 CPU"))
+
+
+def _derive_cuda_graphs(cfg: Any, params: dict[str, Any], ctx: BuildContext) -> None:
+    """CUDA graphs are on by default in TorchTitan 0.3.0 (TorchTitan 0.2, which AMD Primus's files are
+    written for, had none), and its own check refuses them with pipeline parallelism or an expert-parallel
+    token dispatcher that synchronizes with the CPU. Unless the experiment asked for them, they are
+    switched off there, said in one line (the same math; TorchTitan's check asks for exactly this)."""
+    if cfg.training.disable_cuda_graphs or "disable_cuda_graphs" in (params.get("training") or {}):
+        return
+    try:
+        cfg._validate_cuda_graphs()
+    except ValueError as exc:
+        cfg.training.disable_cuda_graphs = True
+        ctx.derived.append(("training.disable_cuda_graphs", True, f"TorchTitan 0.3.0: {str(exc).split('. ')[0]}"))
 
 
 def _derive_cpu_bf16(cfg: Any, ctx: BuildContext) -> None:

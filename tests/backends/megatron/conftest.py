@@ -80,3 +80,14 @@ def runs(base, tmp_path_factory):
 
 def losses(records):
     return [r["loss"] for r in records]
+
+
+def write_gpt2_bpe(root: Path, texts: list[str], vocab_size: int) -> tuple[Path, Path]:
+    """GPT-2-format ``vocab.json`` + ``merges.txt`` of a byte-level BPE trained on ``texts`` (Megatron-LM's
+    ``--vocab-file`` / ``--merge-file``), with GPT-2's end-of-document token."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=1, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(root))
+    return root / "vocab.json", root / "merges.txt"

@@ -11,7 +11,6 @@ from primus.backends.megatron import support
 from primus.backends.megatron.arguments import parse_args
 from primus.backends.megatron.schema import megatron_lm_table, numeric_range
 from primus.config.errors import ConfigError
-from primus.plan.target import Target, named_target
 
 TINY = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64, "train_iters": 10,
         "lr": 1e-3, "mock_data": True, "vocab_size": 512, "micro_batch_size": 1}
@@ -225,51 +224,6 @@ def test_implemented_config_fields_exist_in_the_installed_megatron_core():
             assert dest in config_fields, dest
         if where == "OptimizerConfig":
             assert dest in optimizer_fields, dest
-
-
-def test_refused_values_pass_validation_and_stop_the_run():
-    args = parse_args(params(fp4="e2m1"))  # config validate / dry-run: a valid Megatron-LM file
-    with pytest.raises(ConfigError) as exc:
-        support.run_time_notes(args, args.given)
-    message = str(exc.value)
-    assert "\n" not in message and message.startswith("modules.pre_trainer.fp4: 'e2m1' cannot be honoured here")
-    assert "FP4" in message
-
-
-def test_unsupported_value_of_an_implemented_argument_is_refused_at_run_time():
-    args = parse_args(params(optimizer="muon"))
-    with pytest.raises(ConfigError, match="modules.pre_trainer.optimizer: 'muon' cannot be run here"):
-        support.run_time_notes(args, args.given)
-
-
-def test_legacy_checkpoint_format_is_admitted_with_or_without_save_and_load():
-    """AMD's files set ckpt_format: torch with save/load null: nothing is refused, whatever the paths."""
-    for paths in ({"save": None, "load": None}, {"save": "/ckpt", "save_interval": 10, "load": "/ckpt"}):
-        args = parse_args(params(ckpt_format="torch", **paths))
-        assert support.run_time_notes(args, args.given) == []
-
-
-def test_megatron_fsdp_is_refused_on_a_cpu_and_admitted_on_a_gpu():
-    args = parse_args(params(use_megatron_fsdp=True, ckpt_format="fsdp_dtensor",
-                             data_parallel_sharding_strategy="optim_grads_params"))
-    with pytest.raises(ConfigError) as exc:
-        support.run_time_notes(args, args.given, target=Target("cpu"))
-    assert str(exc.value).startswith("modules.pre_trainer.use_megatron_fsdp: True cannot be run on a CPU "
-                                     "(Megatron-FSDP (megatron-core 0.16's megatron_fsdp) gathers parameters")
-    assert support.run_time_notes(args, args.given, target=named_target("mi300x")) == []
-    fsdp2 = parse_args(params(use_torch_fsdp2=True, untie_embeddings_and_output_weights=True,
-                              gradient_accumulation_fusion=False, torch_fsdp2_reshard_after_forward=False))
-    assert support.run_time_notes(fsdp2, fsdp2.given, target=Target("cpu")) == []
-
-
-def test_kernel_only_arguments_are_said_never_silent():
-    args = parse_args(params(use_flash_attn=True, overlap_p2p_comm=False, wandb_project="x", async_save=True))
-    notes = {key: reason for key, _, reason in support.run_time_notes(args, args.given)}
-    assert set(notes) == {"use_flash_attn", "overlap_p2p_comm", "wandb_project", "async_save"}
-    assert all(reason.startswith("accepted, no effect here: ") for reason in notes.values())
-    # a value equal to Megatron-LM's default says nothing
-    args = parse_args(params(use_flash_attn=False))
-    assert support.run_time_notes(args, args.given) == []
 
 
 # ---------------------------------------------------------------- recompute_num_layers: 0 (AMD's mixtral 8x22B)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from primus.backends.megatron import support, te_features
+from primus.backends.megatron import te_features
+from primus.backends.megatron.admission import check_arguments
 from primus.backends.megatron.arguments import parse_args
 from primus.config.errors import ConfigError
 from primus.plan.target import Target, named_target
+from primus.runtime.admission import Admission
 
 TINY = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64, "train_iters": 10,
         "lr": 1e-3, "mock_data": True, "vocab_size": 512, "micro_batch_size": 1, "bf16": True}
@@ -26,8 +28,12 @@ def args_of(**overrides):
 
 
 def admit(target: Target, **overrides):
+    """The notes admission logs; raises the one line a refused launch prints."""
     args = args_of(**overrides)
-    return support.run_time_notes(args, args.given, target=target)
+    refused, notes = check_arguments(args, target)
+    if refused:
+        raise ConfigError(Admission(target, "pre_trainer", refused).error())
+    return notes
 
 
 def refusal_of(target: Target, **overrides) -> str:
@@ -99,9 +105,10 @@ def test_on_this_host_the_default_target_is_read():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU host")
-    args = args_of(fp8="hybrid")
+    from primus.plan.target import host_target
+
     with pytest.raises(ConfigError, match="cannot run on a CPU host"):
-        support.run_time_notes(args, args.given)  # no target given: this host
+        admit(host_target(), fp8="hybrid")
 
 
 def test_a_gpu_without_transformer_engine_says_how_to_install_it():
@@ -148,12 +155,13 @@ def test_settings_read_only_with_fp8_or_cp_are_said_to_do_nothing_without_them()
 
 
 def test_lora_with_fp8_is_refused_before_any_rank_starts():
-    from primus.backends.megatron.adapter import _refuse_lora_on_te_layers
+    from primus.backends.megatron.adapter import _lora_on_te_layers
     from primus.runtime.adapter import ModuleConfig
 
     module = ModuleConfig("pre_trainer", "megatron", "sft", {"lora": {"enabled": True}})
-    with pytest.raises(ConfigError, match="modules.pre_trainer.lora: LoRA wraps megatron-core's local linears, and "
-                                          "FP8 / context parallelism need Transformer Engine's layers"):
-        _refuse_lora_on_te_layers(module, args_of(fp8="hybrid"))
-    _refuse_lora_on_te_layers(module, args_of())  # LoRA alone: fine
+    refused = _lora_on_te_layers(module, args_of(fp8="hybrid"))
+    assert [r.line("pre_trainer") for r in refused] == [
+        "modules.pre_trainer.lora: LoRA wraps megatron-core's local linears, and FP8 / context parallelism need "
+        "Transformer Engine's layers: drop one"]
+    assert _lora_on_te_layers(module, args_of()) == []  # LoRA alone: fine
 

@@ -102,17 +102,21 @@ def test_which_targets_run_float8():
     assert refusal(Float8Settings(recipe_name="tensorwise", emulate=True), named_target("a100")) is None
 
 
-def test_a_gpu_without_fp8_units_is_refused_before_any_rank_starts(monkeypatch):
-    """The launcher's admission (``TorchTitanAdapter.prepare``) on a host whose GPU has no FP8 units."""
-    from primus.backends.torchtitan import adapter
+def test_a_gpu_without_fp8_units_is_refused_before_any_rank_starts():
+    """Admission (``TorchTitanAdapter.admit``, asked by validate, plan, dry-run and the launch) on a GPU
+    without FP8 units; the same module is admitted on an MI300X."""
+    from primus.backends.torchtitan.adapter import TorchTitanAdapter
     from primus.runtime.adapter import ModuleConfig
+    from primus.runtime.admission import Admission
 
-    monkeypatch.setattr("primus.plan.target.host_target", lambda: named_target("a100"))
     module = ModuleConfig("pre_trainer", "torchtitan", "pretrain", {"model": {"converters": {"float8": {}}}})
+    plan = type("Plan", (), {"module": module})()
+    a100 = named_target("a100")
     with pytest.raises(ConfigError) as error:
-        adapter._admit_float8(module)
+        Admission(a100, "pre_trainer", TorchTitanAdapter().admit(plan, a100)).check()
     assert str(error.value).startswith("modules.pre_trainer.model.converters.float8: cannot run on a100 (sm_80) ")
     assert "FP8 units" in str(error.value)
+    assert TorchTitanAdapter().admit(plan, named_target("mi300x")) == []
 
 
 def test_llama4_on_the_transformers_backend_is_refused_a_run_in_float8():
