@@ -39,6 +39,7 @@ class RunContext:
     stop: StopSignal = field(default_factory=StopSignal)
     stop_on_non_finite_loss: bool = True  # a backend turns it off when the user asked to continue
     save_last_checkpoint: bool = True  # primus.save_last_checkpoint (AMD Primus: disable_last_saving)
+    checkpoint_fail_on_error: bool = False  # primus.checkpoint.fail_on_error: a failed save stops the run
     samples: BatchDigest | None = None  # primus.sample_hashes: what this rank fed since the last step
     # the rank's phase clock, straggler report and watchdog (primus.runtime.instruments)
     instruments: Instruments = field(default_factory=lambda: Instruments(PhaseClock(), None, None, 0))

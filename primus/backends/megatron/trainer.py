@@ -27,6 +27,7 @@ from primus.backends.megatron.model import (
 )
 from primus.backends.megatron.fsdp import wrap_data_parallel
 from primus.backends.megatron.plan import flops_per_step
+from primus.backends.megatron.saving import CheckpointSaver
 from primus.backends.megatron.tokenizers import build_tokenizer
 from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.admission import check_arguments
@@ -219,6 +220,8 @@ class MegatronTrainer:
 
         self.iteration, self.consumed = 0, 0
         self.save_dir = Path(args.save) if args.save else ctx.checkpoint_dir
+        self.saver = CheckpointSaver(self.save_dir, args, self.model, self.optimizer, self.scheduler, ctx,
+                                     fail_on_error=ctx.checkpoint_fail_on_error)
         self._load()
 
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -357,15 +360,14 @@ class MegatronTrainer:
         return _global_loss(losses, self.device)
 
     def save(self) -> None:
-        with self.ctx.phase("checkpoint"):
-            path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
-                                        iteration=self.iteration, consumed_samples=self.consumed)
-        self.ctx.logger.info("saved checkpoint %s", path)
+        with self.ctx.phase("checkpoint"):  # an async_save's share: scheduling it, and waiting for the one before
+            self.saver.save(self.iteration, self.consumed)
 
     def train(self) -> None:
         args, ctx = self.args, self.ctx
         last_saved = self.iteration
         while self.iteration < args.train_iters:
+            self.saver.poll()  # a background save every rank has finished: move the tracker to it
             start = time.perf_counter()
             loss, grad_norm, lr, extra = self.train_step()
             elapsed = time.perf_counter() - start
@@ -388,9 +390,11 @@ class MegatronTrainer:
 
                 if last_saved != self.iteration:
                     self.save()
+                self.saver.wait()
                 raise Preempted(self.iteration, True)
         if last_saved != self.iteration and ctx.save_last_checkpoint:  # AMD Primus: disable_last_saving
             self.save()
+        self.saver.wait()
 
     def _out_of_time(self) -> bool:
         """Megatron-LM's ``exit_duration_in_mins``: minutes since the trainer started, the largest over the
@@ -414,6 +418,8 @@ class MegatronTrainer:
         from megatron.core import parallel_state
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
+        if getattr(self, "saver", None) is not None:
+            self.saver.close()
         parallel_state.destroy_model_parallel()  # safe when never initialized
         destroy_num_microbatches_calculator()
         if self.owns_process_group and dist.is_initialized():

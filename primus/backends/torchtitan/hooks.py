@@ -14,7 +14,9 @@ managers (the managers document ``_should_save`` as the hook to override). So:
   and ``PrimusTrainer.should_continue_training`` end the loop after it;
 - the step's phases (``RunContext.phase``: data wait, forward+backward, optimizer, checkpoint,
   evaluation) are marked around TorchTitan's own ``batch_generator``, ``forward_backward_step``,
-  optimizer ``step``, checkpoint ``_save`` and ``validate`` (``time_phases``).
+  optimizer ``step``, checkpoint ``_save`` and ``validate`` (``time_phases``);
+- a save that fails (``checkpoint_failures.py``), at once or in the background (``async_mode``), is a
+  WARNING and training goes on, unless ``primus.checkpoint.fail_on_error``.
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ from torchtitan.components.checkpointer.dcp import CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
+from primus.backends.torchtitan.checkpoint_failures import SaveFailures
 from primus.backends.torchtitan.steps import ExpertLoad, StepLoss, batch_rank, global_loss
-from primus.runtime.checkpoints import check_model_matches, gathered
+from primus.runtime.checkpoints import check_model_matches, gathered, save_errors
 from primus.runtime.metrics import EvalReport, StepReport
 from primus.runtime.phases import timed_iterator
 
@@ -78,6 +81,8 @@ class PrimusCheckpointManager(CheckpointManager):
         pass
 
     save_now = False  # set when a stop was requested: checkpoint this step whatever the interval
+    failures: SaveFailures | None = None  # Primus's policy for a failed save (set by PrimusTrainer.attach)
+    background_step: int | None = None  # the step an async save in flight is writing
     timing: Any = nullcontext()  # the "checkpoint" phase, once attached to a run
 
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
@@ -85,7 +90,25 @@ class PrimusCheckpointManager(CheckpointManager):
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         with self.timing:
-            return super()._save(curr_step, last_step)
+            try:
+                saved = super()._save(curr_step, last_step)
+            except save_errors() as exc:  # DCP raises a failed write on every rank
+                if self.failures is None:
+                    raise
+                self.failures.failed(curr_step, exc)
+                return False
+        if saved and self.save_future is not None:
+            self.background_step = curr_step
+        return saved
+
+    def _wait_for_saving(self) -> None:
+        try:
+            super()._wait_for_saving()
+        except save_errors() as exc:  # the background write failed (async_mode)
+            self.save_future = None
+            if self.failures is None:
+                raise
+            self.failures.failed(self.background_step, exc)
 
     def _load(self, step: int = -1) -> bool:
         """Before DCP loads a checkpoint of this run (which would silently take the tensors the model
@@ -116,6 +139,8 @@ class PrimusTrainer(Trainer):
         self.step_loss = StepLoss(self)
         if isinstance(self.metrics_processor, PrimusMetricsProcessor):
             self.metrics_processor.primus_ctx = ctx
+        if isinstance(self.checkpointer, PrimusCheckpointManager) and self.checkpointer.enable:
+            self.checkpointer.failures = SaveFailures(self.checkpointer.folder, ctx)
         time_phases(self, ctx)
 
     def batch_generator(self, data_iterable: Any) -> Any:
