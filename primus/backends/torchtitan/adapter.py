@@ -191,7 +191,6 @@ class TorchTitanAdapter(BackendAdapter):
             write_hf_config(cfg.hf_model, hf_config)
         trainer = with_primus_components(cfg).build()
         trainer.attach(ctx, plan.flops_per_token)
-        hf_start.tap_validation(trainer, ctx)  # [#15] [EVAL] lines
         try:
             trainer.train()
             if trainer.stopping:  # SIGTERM: this step was checkpointed (when checkpoints are on)
