@@ -4,8 +4,8 @@
     .venv/bin/python -m benchmarks.run --quick         # a few minutes
     .venv/bin/python -m benchmarks.run --only overhead,cli
 
-Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, precision, compile, instruments, plan_memory. Not
-part of the test suite's pass/fail:
+Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, async_checkpoint, precision, compile, instruments,
+plan_memory. Not part of the test suite's pass/fail:
 targets are reported (met / not met), never asserted.
 """
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from benchmarks import (backends, checkpoint_steady, cli_latency, common, instruments, knobs, overhead, plan_memory,
-                        precision, roofline, torch_compile)
+from benchmarks import (async_checkpoint, backends, checkpoint_steady, cli_latency, common, instruments, knobs, overhead,
+                        plan_memory, precision, roofline, torch_compile)
 
-ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint", "precision", "compile", "instruments",
-         "plan_memory")
+ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint", "async_checkpoint", "precision", "compile",
+         "instruments", "plan_memory")
 PRESET = common.CONFIGS / "presets" / "llama_25m.yaml"
 
 
@@ -72,12 +72,13 @@ def summary_markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     titles = {"cli": "CLI latency", "overhead": "Overhead vs. the bare engine", "roofline": "Machine roofline",
               "backends": "Backend comparison (25M Llama preset)", "knobs": "Operating points",
               "checkpoint": "Steady step time after the first checkpoint / checkpoints off",
+              "async_checkpoint": "The step after a save: asynchronous vs synchronous checkpoints",
               "precision": "bf16 vs fp32 on CPU", "compile": "torch.compile on CPU",
               "instruments": "Per-rank instruments on vs off (straggler report, watchdog, flight recorder)",
               "plan_memory": "Plan vs measured memory per rank; the fake-world build"}
     modules = {"cli": cli_latency, "overhead": overhead, "roofline": roofline, "backends": backends, "knobs": knobs,
-               "checkpoint": checkpoint_steady, "precision": precision, "compile": torch_compile,
-               "instruments": instruments, "plan_memory": plan_memory}
+               "checkpoint": checkpoint_steady, "async_checkpoint": async_checkpoint, "precision": precision,
+               "compile": torch_compile, "instruments": instruments, "plan_memory": plan_memory}
     for name in ORDER:
         if name in results:
             parts.append(f"## {titles[name]}\n\n{modules[name].markdown(results[name])}")
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = knobs.run(args.quick)
         elif name == "checkpoint":
             results[name] = checkpoint_steady.run(args.quick)
+        elif name == "async_checkpoint":
+            results[name] = async_checkpoint.run(args.quick)
         elif name == "precision":
             results[name] = precision.run(args.quick)
         elif name == "compile":

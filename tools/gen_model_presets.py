@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
-"""Generate the Megatron model library (primus/configs/models/megatron/*.yaml) from AMD Primus's presets.
+"""Generate the Megatron model library (primus/configs/models/megatron/) from AMD Primus's presets.
 
-AMD Primus users write ``model: llama3.1_8B.yaml``; these files answer to the same names. Each is
-AMD Primus's preset (``primus/configs/models/megatron/<name>.yaml`` at the commit below) with its
-``extends:``/``bases:`` chain resolved, reduced to the network: architecture and tokenizer keys under
-Megatron-LM's argument names (argparse dests at d3528a2), keys equal to Megatron-LM's default left
-out, kernel/fusion/parallelism keys dropped. Three kinds of edits are made and written into each
-file's header, so every value can be traced:
+Two files per model, so that an AMD Primus experiment trains what AMD Primus trains and a user who
+wants the published network can name it:
 
-- ``vocab_size`` is added from the model's Hugging Face config.json: AMD Primus takes the vocabulary
-  from the tokenizer at run time, but planning has no tokenizer and a checkpoint needs the real size.
-- AMD Primus's tokenizer aliases (``Llama3Tokenizer``, ``DeepSeekV3Tokenizer`` ...), all of which it
-  builds as ``HuggingFaceTokenizer``, are written as ``HuggingFaceTokenizer``; ``norm_epsilon`` is
-  written under Megatron-LM's dest ``layernorm_epsilon``.
-- ``CORRECTIONS``: where AMD Primus's preset is not the published network (e.g. Llama 3.2 ties its
-  embeddings, Qwen3-32B has 128-wide heads), the published value, with the config.json key it comes from.
+- ``<name>.yaml`` (AMD Primus's name, ``model: llama3.1_8B.yaml``): the network AMD Primus builds from
+  its preset. Its ``extends:``/``bases:`` chain resolved, reduced to the Megatron-LM arguments AMD
+  Primus hands to Megatron-LM: its ``MegatronArgBuilder`` keeps only keys that are Megatron-LM argparse
+  dests (at d3528a2) and silently drops the rest, so ``norm_epsilon`` (``--norm-epsilon``'s dest is
+  ``layernorm_epsilon``) is dropped and Megatron-LM's 1e-5 runs; the header names each such key.
+- ``published/<name>.yaml``: the published network (``model: published/qwen3_32B.yaml``):
+  ``norm_epsilon`` under Megatron-LM's dest ``layernorm_epsilon``, and ``CORRECTIONS`` where AMD
+  Primus's preset is not the published network (e.g. Llama 3.2 ties its embeddings, Qwen3-32B has
+  128-wide heads), the published value with the config.json key it comes from.
+
+Both: keys equal to Megatron-LM's default left out (Megatron-LM supplies them), kernel/fusion/parallelism
+keys dropped, ``vocab_size`` added from the model's Hugging Face config.json (AMD Primus takes the
+vocabulary from the tokenizer at run time, but planning has no tokenizer and a checkpoint needs the real
+size), AMD Primus's tokenizer aliases (``Llama3Tokenizer`` ...), all built as ``HuggingFaceTokenizer``,
+written as ``HuggingFaceTokenizer``. Every edit is written into the file's header.
 
 Usage:
     python tools/gen_model_presets.py [--git-dir AMD_PRIMUS_GIT_DIR] [--commit fd1eeab] [--out DIR] [--check]
@@ -68,6 +72,10 @@ MOE_DEFAULTS: dict[str, Any] = {  # kept only with num_experts
 }
 MTP_DEFAULTS: dict[str, Any] = {"mtp_num_layers": None, "mtp_loss_scaling_factor": 0.1}  # kept only with MTP
 TOKENIZER_KEYS = ("tokenizer_type", "tokenizer_model")
+# Run settings AMD Primus's model presets carry (language_model.yaml) that change a run: kept under AMD's names.
+# sequence_parallel: true (Megatron-LM turns it off at tensor_model_parallel_size 1, here as there).
+AMD_RUN_KEYS: dict[str, Any] = {"sequence_parallel": False}
+PUBLISHED = "published"  # the folder of the published networks: model: published/<name>.yaml
 RENAMED = {"norm_epsilon": "layernorm_epsilon"}  # AMD's key -> Megatron-LM's dest (--norm-epsilon)
 # AMD Primus builds each of these as Megatron-LM's HuggingFaceTokenizer on tokenizer_model
 # (primus/backends/megatron/training/tokenizer/tokenizer.py, CUSTOM_TOKENIZER_TYPES).
@@ -196,20 +204,29 @@ def _normalise(key: str, value: Any) -> Any:
     return value
 
 
-def reduce(model: Model, amd: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The kept keys (in write order) and the header notes saying what changed from AMD Primus."""
-    values = {RENAMED.get(k, k): _normalise(RENAMED.get(k, k), v) for k, v in amd.items()}
+def reduce(model: Model, amd: dict[str, Any], published: bool) -> tuple[dict[str, Any], list[str]]:
+    """The kept keys (in write order) and the header notes saying what changed from AMD Primus's file:
+    ``published`` applies the renames and corrections; otherwise the network is AMD Primus's own."""
+    if published:
+        values = {RENAMED.get(k, k): _normalise(RENAMED.get(k, k), v) for k, v in amd.items()}
+    else:
+        values = {k: _normalise(k, v) for k, v in amd.items() if k not in RENAMED}
     notes = [f"vocab_size {model.vocab_size} added ({model.hf_repo} {model.vocab_source}; "
              "AMD Primus takes it from the tokenizer)"]
     values["vocab_size"] = model.vocab_size
     for old, new in RENAMED.items():
-        if old in amd:
+        if old not in amd:
+            continue
+        if published:
             notes.append(f"{old} written as {new} (Megatron-LM's dest for --norm-epsilon)")
+        elif amd[old] != DEFAULTS[new]:
+            notes.append(f"{old}: {amd[old]} not carried: AMD Primus hands Megatron-LM argument dests only and drops "
+                         f"it ({new} is --norm-epsilon's dest), so Megatron-LM's {DEFAULTS[new]} runs")
     if values.get("tokenizer_type") in HF_TOKENIZER_ALIASES:
         notes.append(f"tokenizer_type {values['tokenizer_type']} written as HuggingFaceTokenizer "
                      "(AMD Primus builds its alias as one)")
         values["tokenizer_type"] = "HuggingFaceTokenizer"
-    for key, (value, why) in model.corrections.items():
+    for key, (value, why) in (model.corrections.items() if published else ()):
         notes.append(f"corrected {key}: {values.get(key)!r} -> {value!r} ({model.hf_repo}: {why})")
         values[key] = value
     for key in AMD_ONLY:
@@ -227,12 +244,17 @@ def reduce(model: Model, amd: dict[str, Any]) -> tuple[dict[str, Any], list[str]
     kept = {key: values[key] for key, default in table.items()
             if values.get(key) is not None and (key in ALWAYS or values[key] != default)}
     kept.update({key: values[key] for key in TOKENIZER_KEYS if values.get(key) is not None})
+    if not published:  # what AMD Primus's preset turns on for every run of it (Megatron-LM's rules still apply)
+        kept.update({key: values[key] for key, default in AMD_RUN_KEYS.items() if values.get(key, default) != default})
     return kept, notes
 
 
-def render(model: Model, kept: dict[str, Any], notes: list[str], chain: list[str], commit: str) -> str:
+def render(model: Model, kept: dict[str, Any], notes: list[str], chain: list[str], commit: str,
+           published: bool) -> str:
+    title = (f"# {model.title}, the published network (model: {PUBLISHED}/{model.name}.yaml)." if published else
+             f"# {model.title} as AMD Primus builds it, under its name (model: {model.name}.yaml).")
     lines = [
-        f"# {model.title}: the Megatron backend's model preset under AMD Primus's name (model: {model.name}.yaml).",
+        title,
         "# GENERATED by tools/gen_model_presets.py -- do not edit; regenerate instead.",
         f"# Source: {SOURCE_REPO} {SOURCE_DIR}/{model.name}.yaml at {commit}",
         f"#   resolved through: {' <- '.join(chain)}",
@@ -245,7 +267,7 @@ def render(model: Model, kept: dict[str, Any], notes: list[str], chain: list[str
 
 
 def generate(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dict[str, str]:
-    """File name -> text, for every model in MODELS."""
+    """File name (relative to the library) -> text, for every model in MODELS, AMD's and published."""
     full = subprocess.run(["git", "--git-dir", git_dir, "rev-parse", commit], capture_output=True, text=True)
     if full.returncode != 0:
         raise SystemExit(f"gen_model_presets: no commit {commit} in {git_dir}")
@@ -253,8 +275,10 @@ def generate(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dic
     files = {}
     for model in MODELS:
         amd, chain = resolve_chain(git_dir, commit, f"{model.name}.yaml")
-        kept, notes = reduce(model, amd)
-        files[f"{model.name}.yaml"] = render(model, kept, notes, chain, commit)
+        for published in (False, True):
+            kept, notes = reduce(model, amd, published)
+            name = f"{PUBLISHED}/{model.name}.yaml" if published else f"{model.name}.yaml"
+            files[name] = render(model, kept, notes, chain, commit, published)
     return files
 
 

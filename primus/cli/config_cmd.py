@@ -50,7 +50,7 @@ def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
     lines = []
     for module in resolved.modules.values():
         if args.no_engine:  # every key against the backend's own tables, without importing the engine
-            planned = validate_keys(resolved, module, target)
+            planned, plan = validate_keys(resolved, module, target), None
             admission = admit_module(resolved, module, *planned, target) if planned else None
             lines.append(f"OK {args.exp}: modules.{module.name} ({module.framework}, "
                          f"{'keys checked, engine not imported' if planned else 'schema only'})")
@@ -60,6 +60,10 @@ def _validate(args: argparse.Namespace, overrides: list[str]) -> int:
             lines.append(f"OK {args.exp}: modules.{module.name} ({module.framework} {adapter.installed_version()})")
         if admission is not None:
             lines.append(f"  {admission.summary()}")
-        lines += [f"  {translation.line()}" for translation in module.translations]  # AMD Primus names
+        lines += [f"  {translation.line()}" for translation in module.translations]  # AMD Primus names, differs:
+        if plan is not None:
+            from primus.compat.differs import engine_lines
+
+            lines += [f"  {text}" for text in engine_lines(module, plan.engine_config)]
     print("\n".join(lines))
     return 0

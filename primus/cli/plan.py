@@ -155,7 +155,8 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
         device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
     target = target_for(args.device)  # the plan's dtypes are the target's, never this host's CPU's
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
-    plan, admission = plan_experiment(args.exp, overrides, args.module, given, target, admit=True)
+    plan, admission = plan_experiment(args.exp, overrides, args.module, given, target, admit=True,
+                                      say=lambda text: print(text, file=sys.stderr))  # stdout may be --json
     text, code = plan_report(plan, admission, args.device, args, given, source)
     if args.build and (code == 0 or "fail:" not in text):  # a layout the plan already refuses is not built
         text, code = _with_fake_world(args, overrides, given or plan.layout.world_size, text, code)

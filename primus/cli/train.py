@@ -7,6 +7,17 @@ import sys
 from primus.config.values import count_flag, non_empty_flag
 
 
+def node_count(text: str) -> int | tuple[int, int]:
+    """``-N 4`` or, elastic as torchrun's ``--nnodes``, ``-N 2:4``."""
+    low, sep, high = text.partition(":")
+    if not sep:
+        return count_flag(1)(text)
+    counts = (count_flag(1)(low), count_flag(1)(high))
+    if counts[0] > counts[1]:
+        raise argparse.ArgumentTypeError(f"MIN:MAX needs MIN <= MAX (got {text!r})")
+    return counts
+
+
 def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     """Executor flags shared by ``train`` and ``preflight`` (they override the ``launcher:`` files)."""
     group = parser.add_argument_group("launcher", "override the launcher: section of ~/.primus.yaml and "
@@ -21,8 +32,9 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     group.add_argument("--launcher-config", metavar="FILE", help="project launcher file (default ./.primus.yaml)")
     group.add_argument("--nproc-per-node", type=count_flag(1),
                        help="processes on this node (env GPUS_PER_NODE, default 1)")
-    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=count_flag(1),
-                       help="nodes in the job (env NNODES)")
+    group.add_argument("-N", "--nnodes", "--nodes", dest="nnodes", type=node_count, metavar="N|MIN:MAX",
+                       help="nodes in the job (env NNODES); MIN:MAX with --max-restarts: after a node is lost, "
+                            "continue on the survivors (at least MIN) from the latest checkpoint")
     group.add_argument("--node-rank", type=count_flag(0), help="this node's rank (env NODE_RANK, default 0)")
     group.add_argument("--master-addr", type=non_empty_flag, help="rendezvous host = node 0 (env MASTER_ADDR)")
     group.add_argument("--master-port", type=count_flag(1, 65535), help="rendezvous port (env MASTER_PORT)")

@@ -28,9 +28,12 @@ __all__ = ["TABLES", "Translation", "translate_module"]
 
 
 def translate_module(name: str, framework: str, params: dict[str, Any], *, stage: str, stage_explicit: bool,
-                     experiment: dict[str, Any], provenance: Provenance) -> tuple[str, list[Translation]]:
-    """Rewrite ``params`` (and ``experiment``'s logging) in place; return the stage and the translations."""
-    ctx = CompatContext(name, framework, params, stage, stage_explicit, experiment, provenance)
+                     experiment: dict[str, Any], provenance: Provenance,
+                     amd_format: bool = False) -> tuple[str, list[Translation]]:
+    """Rewrite ``params`` (and ``experiment``'s logging) in place; return the stage and the translations.
+    ``amd_format``: the module is in AMD Primus's format (``dialect.amd_marker``): AMD's dropping rules apply."""
+    ctx = CompatContext(name, framework, params, stage, stage_explicit, experiment, provenance,
+                        amd_format=amd_format)
     apply_rules(ctx, common.RULES)
     apply_rules(ctx, TABLES.get(framework, {}))
     return ctx.stage, ctx.translations

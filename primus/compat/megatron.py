@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.compat import differs
 from primus.compat.rules import custom, inert, kernel, negated, rename, switch, table, unsupported
 
 TURBO = "Primus-Turbo kernel switch"
@@ -84,15 +85,31 @@ def _model_type(value: Any, ctx, key: str) -> None:
 
 
 def _option_spelling(dest: str, option: str):
-    """AMD files spell some arguments by option (norm_epsilon) while our presets use the dest: the later
-    layer wins; in one file both, the dest wins, as in AMD Primus (Megatron reads the dest)."""
+    """Megatron-LM's option spelling of an argument (``norm_epsilon`` for ``--norm-epsilon``, whose dest is
+    ``layernorm_epsilon``). A Primus experiment gets it under the dest (the later layer wins; in one file
+    both, the dest wins). AMD Primus hands Megatron-LM argument dests only (its MegatronArgBuilder drops any
+    other key), so in an AMD Primus-format file (primus/compat/dialect.py) it does not run, here neither:
+    said in a ``differs:`` line when its value is not what runs."""
     def apply(value: Any, ctx, key: str) -> None:
+        if ctx.amd_format:
+            _dropped(value, ctx, key)
+            return
         here, there = ctx.last_source(key), ctx.last_source(dest)
         if dest in ctx.params and here is not None and there is not None and there.label == here.label:
-            ctx.note(key, value, f"Megatron-LM's {option} stores {dest}, which {there.where} sets: it wins, as in "
-                                 f"AMD Primus")
+            ctx.note(key, value, f"Megatron-LM's {option} stores {dest}, which {there.where} sets: it wins")
             return
         ctx.set(key, value, dest, f"Megatron-LM's {option} stores {dest}")
+
+    def _dropped(value: Any, ctx, key: str) -> None:
+        from primus.backends.megatron.schema import megatron_lm_table
+
+        runs = ctx.get(dest, megatron_lm_table()[dest].default)
+        why = (f"AMD Primus drops {key}: not a Megatron-LM d3528a2 argument dest ({option} stores {dest}); "
+               f"write {dest} to set it")
+        if value == runs:
+            ctx.note(key, value, why)
+        else:
+            differs.record(ctx, key, value, dest, runs, why)
     return apply
 
 

@@ -39,7 +39,7 @@ class Translation:
     value: Any
     target: str | None  # our dotted key (experiment-level ones start with "logging.")
     why: str
-    kind: str = "rename"  # rename | inert | kernel | refuse_at_run | stage
+    kind: str = "rename"  # rename | inert | kernel | refuse_at_run | stage | differs
     where: str = ""  # file:line of the AMD key
     target_value: Any = None
     feature: str | None = None  # refuse_at_run: the primus.runtime.capabilities row that decides per target
@@ -51,6 +51,9 @@ class Translation:
         object.__setattr__(self, "target_value", shown_value(self.target or self.source, self.target_value))
 
     def line(self) -> str:
+        if self.kind == "differs":  # a change of meaning is never called a translation
+            return (f"differs: {self.source}={_show(self.value, cut=False)} → "
+                    f"{self.target}={_show(self.target_value, cut=False)} runs ({self.why})")
         if self.kind in ("rename", "stage"):
             outcome = f"{self.target}={_show(self.target_value)}"
         else:
@@ -68,11 +71,17 @@ class Translation:
                    data.get("where", ""), data.get("to_value"), data.get("feature"))
 
 
-def _show(value: Any) -> str:
+def show(value: Any, cut: bool = True) -> str:
+    """A value as the lines print it (YAML's true/false/null; long values cut unless ``cut`` is false:
+    a ``differs:`` line says in full what runs, e.g. a pipeline layout)."""
+    return _show(value, cut)
+
+
+def _show(value: Any, cut: bool = True) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     text = "null" if value is None else str(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= 60 or not cut else text[:57] + "..."
 
 
 @dataclass(frozen=True)

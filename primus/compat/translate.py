@@ -37,6 +37,7 @@ class CompatContext:
     experiment: dict[str, Any]  # experiment-level settings a rule may set ("logging": {...})
     provenance: Provenance
     translations: list[Translation] = field(default_factory=list)
+    amd_format: bool = False  # an AMD Primus-format module (primus/compat/dialect.py): AMD's dropping rules apply
     amd: dict[str, Any] = field(default_factory=dict)  # the AMD keys found, with their values
 
     @property
@@ -158,7 +159,7 @@ ENVIRONMENT_NAME = "<ENVIRONMENT_VARIABLE>"
 _ENVIRONMENT = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)+$")
 
 
-def _matches(params: dict[str, Any], rules: dict[str, Rule]) -> list[tuple[str, Rule, Any]]:
+def covered(params: dict[str, Any], rules: dict[str, Rule]) -> list[tuple[str, Rule, Any]]:
     """(dotted key, rule, value) for every key of ``params`` a rule covers, in file order."""
     found: list[tuple[str, Rule, Any]] = []
     prefixes = {key.rsplit(".", 1)[0] for key in rules if "." in key}
@@ -180,7 +181,7 @@ def _matches(params: dict[str, Any], rules: dict[str, Rule]) -> list[tuple[str, 
 
 def apply_rules(ctx: CompatContext, rules: dict[str, Rule]) -> None:
     """Translate every covered key of ``ctx.params`` (the sources are removed first)."""
-    matches = _matches(ctx.params, rules)
+    matches = covered(ctx.params, rules)
     ctx.amd.update({dotted: value for dotted, _, value in matches})
     for dotted, _, _ in matches:
         _pop(ctx.params, dotted)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus.compat.dialect import amd_marker, unread_lines, unread_top_level
 from primus.config.errors import ConfigError
 from primus.config.overrides import overrides_layer, parse_overrides
 from primus.config.presets import CONFIGS_ROOT, find_preset, load_with_extends
@@ -120,13 +121,19 @@ def _overrides_as_layer(name: str, spec: ModuleSpec, provenance: Provenance) -> 
     return Layer("experiment overrides", spec.overrides, origins, templates)
 
 
-def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenance: Provenance) -> list[Layer]:
-    layers: list[Layer] = []
+def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenance: Provenance,
+                   amd_format: bool = False) -> list[Layer]:
+    """The module preset's layers, then the model preset's (later wins). A module in AMD Primus's format
+    reads AMD Primus's module presets first (``modules/<framework>/amd/``) and, as AMD Primus merges them,
+    its module preset wins over its model preset (primus/compat/dialect.py)."""
+    module_layers: list[Layer] = []
     if module.config:
-        path = find_preset(module.config, [CONFIGS_ROOT / "modules" / module.framework],
+        folder = CONFIGS_ROOT / "modules" / module.framework
+        path = find_preset(module.config, [folder / "amd", folder] if amd_format else [folder],
                            relative_to=experiment_dir, what="module preset",
                            where=provenance.describe(f"modules.{name}.config"))
-        layers += load_with_extends(path, "module preset")
+        module_layers = load_with_extends(path, "module preset")
+    layers: list[Layer] = []
     if module.model:
         try:
             path = find_preset(module.model, [CONFIGS_ROOT / "models" / module.framework,
@@ -142,7 +149,7 @@ def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenan
             raise ConfigError(f"{provenance.describe(f'modules.{name}.model')}: model preset '{module.model}': "
                               f"{reason}") from None
         layers += load_with_extends(path, "model preset")
-    return layers
+    return layers + module_layers if amd_format else module_layers + layers
 
 
 def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
@@ -164,6 +171,8 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
     if experiment_items:
         merge_layer(experiment, overrides_layer(experiment_items), provenance)
     _refuse_other_trainers(experiment, provenance)  # before the schema: their files differ in more ways
+    unread = unread_top_level(experiment, _EXPERIMENT_KEYS)  # AMD Primus's modules:-less LoRA file
+    unread_where = {key: provenance.describe(key) for key in unread}
     remember_secrets(experiment)  # from here on, errors mask them
     spec: ExperimentSpec = validate_model(ExperimentSpec, experiment, provenance)
 
@@ -178,17 +187,20 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
                                         provenance.describe(f"{prefix}.stage"))
             merge_layer(params, Layer("backend defaults", defaults,
                                       {}, {}), provenance, prefix=prefix)
-        for layer in _preset_layers(name, module, source.resolve().parent, provenance):
+        amd_format = amd_marker(module.framework, module.overrides) is not None
+        for layer in _preset_layers(name, module, source.resolve().parent, provenance, amd_format):
             merge_layer(params, layer, provenance, prefix=prefix)
         merge_layer(params, _overrides_as_layer(name, module, provenance), provenance, prefix=prefix)
         if param_items.get(name):
             merge_layer(params, overrides_layer(param_items[name]), provenance, prefix=prefix)
-        stage, translations = _translate_amd_names(name, module, params, spec, provenance, stage_explicit)
+        stage, translations = _translate_amd_names(name, module, params, spec, provenance, stage_explicit,
+                                                   amd_format)
         remember_secrets(params)
         if derive is not None:  # last: what Primus derives wins, and says so (--why, provenance.overridden)
             for key, value, reason in derive(module.framework, params, stage):
                 _set_dotted(params, key, value)
                 provenance.record_derived(f"{prefix}.{key}", value, reason)
+        translations += unread_lines(unread, unread_where, name, params)
         modules[name] = ResolvedModule(name, module.framework, stage, module.config, module.model, params,
                                        translations)
     return ResolvedExperiment(source=source, spec=spec, modules=modules, provenance=provenance)
@@ -219,7 +231,7 @@ def _refuse_other_trainers(experiment: dict[str, Any], provenance: Provenance) -
 
 
 def _translate_amd_names(name: str, module: ModuleSpec, params: dict[str, Any], spec: ExperimentSpec,
-                         provenance: Provenance, stage_explicit: bool):
+                         provenance: Provenance, stage_explicit: bool, amd_format: bool):
     """AMD Primus's spellings -> ours (primus/compat), in place; the module's stage may follow them."""
     from primus.compat import translate_module
 
@@ -227,7 +239,7 @@ def _translate_amd_names(name: str, module: ModuleSpec, params: dict[str, Any], 
     stage, translations = translate_module(
         name, module.framework, params, stage=module.stage,
         stage_explicit=stage_explicit, experiment=experiment,
-        provenance=provenance)
+        provenance=provenance, amd_format=amd_format)
     spec.logging = validate_model(LoggingSpec, experiment["logging"], provenance, "logging")
     return stage, translations
 

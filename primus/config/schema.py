@@ -64,6 +64,15 @@ class ModuleSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+class CheckpointOptions(BaseModel):
+    """``primus.checkpoint``: what a failed save does (every backend that saves through Primus's hooks)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fail_on_error: bool = Field(False, description="a save that fails (disk full, permission) stops the run; "
+                                                   "default: a WARNING, the previous checkpoint kept, training goes on")
+
+
 class StragglerOptions(BaseModel):
     """``primus.stragglers``: the per-rank straggler report (``primus.runtime.stragglers``)."""
 
@@ -122,8 +131,11 @@ class PrimusOptions(BaseModel):
     mlflow_run_name: str | None = None
     mlflow_experiment_name: str | None = None
     save_last_checkpoint: bool = Field(True, description="save a checkpoint at the last step (Megatron)")
+    checkpoint: CheckpointOptions = Field(default_factory=CheckpointOptions)
     resume: Literal["auto", "always", "never"] | None = Field(
         None, description="resume policy when the command line names none (--resume / --no-resume)")
+    sample_hashes: bool = Field(False, description="a sample_hash per step row of metrics.jsonl: a digest of the "
+                                                   "step's global batch (primus.runtime.sample_hash)")
     stragglers: StragglerOptions = Field(default_factory=StragglerOptions)
     hang: HangOptions = Field(default_factory=HangOptions)
     hub: HubOptions = Field(default_factory=HubOptions, description="Hugging Face Hub timeouts")

@@ -131,14 +131,3 @@ def log_start(checkpoint, logger) -> None:
         logger.info("starting from Hugging Face checkpoint %s (TorchTitan's state-dict adapter loads it)",
                     checkpoint.load)
 
-
-def tap_validation(trainer, ctx) -> None:
-    """Say each validation loss in Primus' ``[EVAL]`` line too (as the Megatron backend does)."""
-    processor = trainer.metrics_processor
-    original = processor.log_validation
-
-    def log_validation(loss: float, step: int, extra_metrics=None):
-        ctx.logger.info("[EVAL] step=%d loss=%.4f", step, loss)
-        return original(loss, step, extra_metrics)
-
-    processor.log_validation = log_validation

@@ -79,6 +79,8 @@ class LauncherConfig(BaseModel):
 
     executor: Literal["auto", "local", "multi-node", "slurm", "srun", "container"] = "auto"
     nnodes: int | None = Field(None, ge=1)
+    # elastic (torchrun --nnodes MIN:MAX): after a node is lost, a restart goes on with at least this many
+    min_nodes: int | None = Field(None, ge=1)
     node_rank: int | None = Field(None, ge=0)
     nproc_per_node: int | None = Field(None, ge=1)
     master_addr: str | None = None

@@ -59,6 +59,8 @@ CLI_KEYS = {  # argparse dest -> launcher key
 
 def launcher_from_args(args) -> tuple[LauncherConfig, Any]:
     cli = {key: getattr(args, dest) for dest, key in CLI_KEYS.items() if getattr(args, dest, None) is not None}
+    if isinstance(cli.get("nnodes"), tuple):  # -N MIN:MAX (elastic)
+        cli["min_nodes"], cli["nnodes"] = cli["nnodes"]
     return load_launcher_config(cli, project_file=getattr(args, "launcher_config", None))
 
 
@@ -82,7 +84,8 @@ def node_command(request: NodeRequest, config: LauncherConfig, executor: str, *,
     if request.launcher_config and launcher_file:  # a container may not see the file: flags say it all
         argv += ["--launcher-config", str(Path(request.launcher_config).absolute())]
     if with_node_identity:
-        for flag, value in (("--nnodes", config.nnodes), ("--node-rank", config.node_rank),
+        nodes = f"{config.min_nodes}:{config.nnodes}" if config.min_nodes and config.nnodes else config.nnodes
+        for flag, value in (("--nnodes", nodes), ("--node-rank", config.node_rank),
                             ("--master-addr", config.master_addr), ("--master-port", config.master_port),
                             ("--rdzv-id", config.rdzv_id)):
             if value is not None:

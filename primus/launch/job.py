@@ -205,6 +205,10 @@ def _print_dry_run(job: Job, admission: Admission) -> None:
     print(f"processes:  {job.plan.world_size} ({job.plan.nnodes} node(s) x {job.plan.nproc_per_node})")
     print(f"admission:  {admission.summary()}")
     print(f"command:    {job.plan.describe(TRAIN_TARGET, job.run_dir.payload)}")
+    from primus.compat.differs import lines_for
+
+    for text in lines_for(module, job.engine_plan.engine_config):  # what the files say and what runs differ
+        print(text)
 
 
 def _say(message: str) -> None:
@@ -224,8 +228,12 @@ def _claim_as_node_zero(job: Job, resume: str) -> Iterator[None]:
     """Own the run dir for the launch: lock, resume policy, config, payload and a manifest attempt
     whose end is recorded however the launch ends (an interruption included)."""
     run_dir = job.run_dir
-    if run_dir.path.is_dir() and run_dir.decide_resume(resume):  # refuse before writing even the lock file
+    resuming = run_dir.path.is_dir() and run_dir.decide_resume(resume)
+    if resuming:  # refuse before writing even the lock file
         newest_usable(run_dir.checkpoints, warn=lambda _message: None)
+    problem = job.adapter.resume_problem(job.engine_plan, resuming)  # a layout the engine cannot reshard
+    if problem:
+        raise ConfigError(f"resume: {problem}")
     run_dir.create()
     with run_dir.lock():
         resuming = run_dir.decide_resume(resume)

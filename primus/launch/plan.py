@@ -29,6 +29,7 @@ def free_port() -> int:
 class LaunchPlan:
     nproc_per_node: int = 1
     nnodes: int = 1
+    min_nodes: int | None = None  # elastic: torchrun --nnodes MIN:MAX, a restart goes on with the survivors
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
@@ -82,8 +83,13 @@ class LaunchPlan:
             args.append(f"--local-addr={self.local_addr}")
         return args
 
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
+
     def torchrun_args(self, target: str, payload_path: Path) -> list[str]:
-        args = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}"]
+        nodes = f"{self.min_nodes}:{self.nnodes}" if self.elastic else str(self.nnodes)
+        args = [f"--nnodes={nodes}", f"--nproc-per-node={self.nproc_per_node}"]
         if self.nnodes > 1:  # c10d assigns node ranks; node 0 hosts the store
             args += self.rendezvous_args()
         else:
@@ -112,6 +118,13 @@ def plan_from_config(config: LauncherConfig) -> LaunchPlan:
                       run_dir_timeout=config.run_dir_timeout)
     if config.rdzv_id:
         plan.rdzv_id = config.rdzv_id
+    if config.min_nodes is not None:
+        plan.min_nodes = config.min_nodes
+        if plan.min_nodes > plan.nnodes:
+            raise ConfigError(f"-N {plan.min_nodes}:{plan.nnodes}: the minimum is above the number of nodes")
+        if plan.elastic and plan.max_restarts < 1:
+            raise ConfigError(f"-N {plan.min_nodes}:{plan.nnodes} continues on fewer nodes through a restart: give "
+                              "--max-restarts K (K >= 1)")
     if plan.node_rank >= plan.nnodes:
         raise ConfigError(f"node rank {plan.node_rank} is outside a {plan.nnodes}-node job (ranks 0..{plan.nnodes - 1})")
     if plan.nnodes > 1 and not config.master_addr:

@@ -44,10 +44,11 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
 
 
 def plan_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None,
-                    target=None, *, admit: bool = False):
+                    target=None, *, admit: bool = False, say=None):
     """(EnginePlan, Admission or None) of one module of an experiment, planned for ``target`` (default:
     this host's device) without the engine's import (``primus.launch.job.describe_plan``) and, with
-    ``admit``, its admission on it (refusals listed, not raised)."""
+    ``admit``, its admission on it (refusals listed, not raised); ``say`` gets each ``differs:`` line (what
+    the files say and what runs; the engine's own lines where the plan has its config)."""
     from primus.config.resolve import resolve_experiment
     from primus.launch.job import describe_plan, select_module
     from primus.plan.target import host_target
@@ -59,6 +60,11 @@ def plan_experiment(path: str, overrides: list[str], module_name: str | None, wo
     target = target or host_target()
     adapter, model, layout, plan = describe_plan(resolved, module, world_size, target=target)
     admission = admission_of(adapter, plan, target, module.translations, resolved.provenance) if admit else None
+    if say is not None:
+        from primus.compat.differs import lines_for
+
+        for text in lines_for(module, plan.engine_config):
+            say(text)
     if model is None or layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
                           "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "

@@ -212,6 +212,12 @@ def _measure(store, identity, device, opts, hosts) -> dict[str, Any]:
             for name, (ranks, group) in groups.items():
                 if rank in ranks:
                     result["collectives"][f"{op}|{name}"] = run_sweep(op, sizes, group, device, warmup=warmup, iters=iters)
+        if "pairwise" in tests and len(set(hosts.values())) > 1:  # every rank takes part: groups are collective
+            from primus.preflight.perf.pairwise import PairRunner, nodes_of, run_pairwise
+
+            runner = PairRunner(nodes_of(hosts), rank, device, max(sizes), warmup=warmup, iters=iters,
+                                object_group=gloo)
+            result["pairwise"] = run_pairwise(runner, float(load_thresholds(opts.thresholds)["nodes"]["margin"]))
     except Exception as exc:  # noqa: BLE001
         result["errors"].append(f"collectives: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
     finally:
@@ -229,6 +235,8 @@ def _finish(report: dict[str, Any], opts: PreflightOptions) -> int:
     for finding in report["findings"]:
         if finding["level"] != "info":
             print(f"preflight {finding['level']}: [{finding['check']}] {finding['message']}")
+    if (report.get("nodes") or {}).get("exclude"):
+        print(f"preflight: leave out the bad node(s): {report['nodes']['exclude']}")
     print(f"preflight: {report['status'].upper()} ({report['counts']['fail']} fail, {report['counts']['warn']} warn); "
           f"report: {paths['json']}, {paths['markdown']}, {paths.get('pdf', 'no PDF')}")
     return report["exit_code"]

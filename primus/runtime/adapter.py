@@ -174,6 +174,11 @@ class BackendAdapter(ABC):
         """Check that the files the run reads (data, tokenizer, checkpoints to load) exist.
         Called before launching; ``primus config validate --check-paths`` calls it too."""
 
+    def resume_problem(self, plan: EnginePlan, resuming: bool) -> str | None:
+        """Why the checkpoint this plan would start from cannot be loaded at the plan's layout (a layout
+        change the engine cannot reshard), or None. Checked before any rank starts."""
+        return None
+
     def prepare(self, plan: EnginePlan, log: Callable[[str], None]) -> None:
         """One-time work in each node's launcher before any rank starts (e.g. building the local
         demo assets a tiny example points at). Must be idempotent."""

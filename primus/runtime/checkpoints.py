@@ -38,6 +38,7 @@ LAYOUTS = {"torchtitan": re.compile(r"^step-(\d+)$"), "megatron": re.compile(r"^
 LEGACY_RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")  # Megatron-LM's get_checkpoint_name
 LEGACY_FILES = ("model_optim_rng.pt", "distrib_optim.pt")
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+_OS_ERROR = re.compile(r"(?:\w*Error): \[Errno \d+\] [^\n]*")
 
 
 class UnusableCheckpoint(ConfigError):
@@ -205,6 +206,37 @@ def newest_usable(root: Path, layout: str | None = None, *, at_most: int | None 
     for line in skipped:
         warn(f"checkpoint not usable, skipped: {line}; starting from scratch (nothing was deleted)")
     return None
+
+
+def save_errors() -> tuple[type[BaseException], ...]:
+    """What a failed save raises (``except save_errors()``): torch DCP's ``CheckpointException`` derives
+    from ``BaseException``, so ``except Exception`` alone lets a failed write through."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return Exception, CheckpointException
+
+
+def save_failure_cause(exc: BaseException, folder: Path) -> str:
+    """Why a save failed, in a few words: the OS error inside the engine's exception (disk full,
+    permission) when it names one; else, when the checkpoint's filesystem has under a MiB left (torch's
+    zip writer reports a full disk as "unexpected pos"), that it is full. Call before removing the partial."""
+    import shutil
+
+    found = _OS_ERROR.findall(str(exc))
+    if found:
+        return found[-1].strip()
+    cause = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return cause
+    return f"No space left on device: {free} bytes free under {folder}; {cause}" if free < 2**20 else cause
+
+
+def save_failed_warning(what: str, cause: str, removed: str, newest: str) -> str:
+    """The one WARNING line of a checkpoint save that failed while training went on (every backend)."""
+    return (f"checkpoint at {what} was not saved ({cause}){removed}; training goes on and {newest} "
+            "(primus.checkpoint.fail_on_error: true stops the run instead)")
 
 
 def pick_checkpoint(root: Path, layout: str, step: int | None = None, *,

@@ -290,13 +290,20 @@ class RunDir:
         self.attempt = len(attempts) - 1  # before writing: a signal delivered right after must find it
         self._write_manifest(manifest)
 
-    def record_restart(self, restart: int) -> None:
-        """Called by rank 0 of a worker group that torchelastic restarted."""
+    def record_restart(self, restart: int, world_size: int | None = None) -> int | None:
+        """Called by rank 0 of a worker group that torchelastic restarted; returns the world size the group
+        had before (None if unknown): an elastic restart may go on with fewer nodes."""
         manifest = self.read_manifest()
-        if manifest.get("attempts"):
-            manifest["attempts"][-1].setdefault("restarts", []).append({"restart": restart, "time": _now(),
-                                                                        "time_unix": time.time()})
-            self._write_manifest(manifest)
+        if not manifest.get("attempts"):
+            return None
+        attempt = manifest["attempts"][-1]
+        before = next((r["world_size"] for r in reversed(attempt.get("restarts", [])) if "world_size" in r),
+                      attempt.get("world_size", manifest.get("world_size")))
+        entry = {"restart": restart, "time": _now(), "time_unix": time.time(),
+                 **({"world_size": world_size} if world_size else {})}
+        attempt.setdefault("restarts", []).append(entry)
+        self._write_manifest(manifest)
+        return before
 
     def finish_attempt(self, exit_code: int, status: str | None = None, note: str | None = None) -> None:
         """Record the end of the attempt this process opened (nothing if it never opened one)."""

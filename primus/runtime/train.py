@@ -24,6 +24,7 @@ from primus.runtime.projection_check import projection_line
 from primus.runtime.sinks.trackers import tracker_sinks
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import Preempted, StopSignal
+from primus.runtime.sample_hash import BatchDigest
 from primus.runtime.rundir import ExitCode, RunDir
 
 
@@ -81,7 +82,9 @@ def train_worker(payload: dict[str, Any]) -> int:
                                        world_size=world_size, device=device)
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                      logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install(),
-                     save_last_checkpoint=primus_opts.get("save_last_checkpoint", True), instruments=instruments)
+                     save_last_checkpoint=primus_opts.get("save_last_checkpoint", True), instruments=instruments,
+                     checkpoint_fail_on_error=(primus_opts.get("checkpoint") or {}).get("fail_on_error", False),
+                     samples=BatchDigest(rank) if primus_opts.get("sample_hashes") else None)
     # AMD Primus names (primus/compat): say what each became; fetch Hub tokenizers, models, data once
     announce(translations_of(section), logger.info, ctx.log_derived)
     try:
@@ -92,8 +95,9 @@ def train_worker(payload: dict[str, Any]) -> int:
         reporter.close()
         return exc.exit_code
     if restarts and rank == 0:
-        RunDir(run_dir).record_restart(restarts)
-        logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint", restarts)
+        before = RunDir(run_dir).record_restart(restarts, world_size)
+        fewer = f" on {world_size} ranks (was {before}: elastic, a node was lost)" if before and before != world_size else ""
+        logger.warning("worker restart %d (torchelastic): resuming from the latest checkpoint%s", restarts, fewer)
     module = ModuleConfig(name=module_name, framework=section["framework"],
                           stage=adapter.canonical_stage(section["stage"]), params=params)
     logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),

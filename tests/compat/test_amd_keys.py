@@ -19,6 +19,7 @@ SELECTIVE = {"activation_checkpoint": {"mode": "selective"}}  # what a key needs
 # key: (value as an AMD file writes it, what it does here[, the keys it needs beside it])
 #   ("set", our key, our value) | ("stage", stage) | ("kernel",) | ("run",) refused when the run starts
 #   | ("refuse", text in the one-line error) | ("keep", value left for the engine's own check)
+#   | ("differs", our key, what runs): the file's value does not run, said in a differs: line
 MAPPED = {
     "common": {
         "sink_level": ("WARNING", ("set", "@logging.level", "WARNING")),
@@ -26,8 +27,9 @@ MAPPED = {
         "stage": ("sft", ("stage", "sft")),
     },
     "megatron": {
-        "norm_epsilon": (1e-6, ("set", "layernorm_epsilon", 1e-6)),
-        "apply_layernorm_1p": (True, ("set", "layernorm_zero_centered_gamma", True)),
+        # AMD Primus drops option spellings (its arg builder keeps dests only): what runs is the dest's value
+        "norm_epsilon": (1e-6, ("differs", "layernorm_epsilon", 1e-5)),
+        "apply_layernorm_1p": (True, ("differs", "layernorm_zero_centered_gamma", False)),
         "check_for_nan_in_loss": (False, ("set", "check_for_nan_in_loss_and_grad", False)),
         "activation_func": ("swiglu", ("set", "swiglu", True)),
         "fp4_recipe": ("mxfp4", ("run",)),
@@ -139,7 +141,8 @@ def translate(framework: str, key: str, value, beside=None):
             params.setdefault(name, {}).update(given)
         else:
             params[name] = given
-    ctx = CompatContext("pre_trainer", framework, params, "pretrain", False, {"logging": {}}, Provenance())
+    ctx = CompatContext("pre_trainer", framework, params, "pretrain", False, {"logging": {}}, Provenance(),
+                        amd_format=True)  # each key as an AMD Primus file has it
     rules = ALL[framework] if framework == "common" else {**common.RULES, **ALL[framework]}
     apply_rules(ctx, rules)
     return ctx
@@ -180,6 +183,13 @@ def test_what_each_mapped_key_does_here(framework, key):
         assert line.kind == "rename" and line.target_value == expected
     elif effect == "stage":
         assert ctx.stage == detail[0] and line.kind == "stage"
+    elif effect == "differs":
+        target, runs = detail
+        assert line.kind == "differs" and line.target == target and line.target_value == runs
+        assert line.line().startswith(f"differs: {key}=") and f"→ {target}={runs!s}".lower() in line.line().lower()
+        assert _get(ctx.params, target) if target in ctx.params else True
+        assert key == target or key not in ctx.params  # the file's value never reaches the engine
+        return
     elif effect == "keep":
         assert _get(ctx.params, key) == detail[0] and line is None  # ours too: the engine checks it
     elif effect == "drops":

@@ -1,10 +1,16 @@
 """Module presets under AMD Primus's names: they exist, hold Primus's own names only, and agree."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import yaml
 
 from primus.compat import TABLES, common
 from primus.config.presets import CONFIGS_ROOT, load_with_extends
 
+ROOT = Path(__file__).resolve().parents[2]
 MEGATRON = CONFIGS_ROOT / "modules" / "megatron"
 AMD_NAMES = {"megatron": ["pre_trainer.yaml", "sft_trainer.yaml", "trainer_base.yaml", "primus_turbo.yaml",
                           "torch_compile.yaml", "zero_bubble.yaml", "primus_pipeline.yaml"],
@@ -20,16 +26,32 @@ def merged(path):
 
 @pytest.mark.parametrize("framework, name", [(f, n) for f, names in AMD_NAMES.items() for n in names])
 def test_amd_module_preset_names_exist_and_use_our_names_only(framework, name):
-    data = merged(CONFIGS_ROOT / "modules" / framework / name)
+    amd = CONFIGS_ROOT / "modules" / framework / "amd" / name
+    data = merged(CONFIGS_ROOT / "modules" / framework / name) | (merged(amd) if amd.is_file() else {})
     amd_only = (set(TABLES[framework]) | set(common.RULES)) - {"stage"}  # a preset may name its stage
     assert not amd_only & set(data), "our presets never need a translation line"
 
 
-def test_pre_trainer_is_trainer_base_plus_a_run_length():
-    """pre_trainer.yaml stays one file (others read it as plain YAML); it must not drift from trainer_base."""
-    pre = yaml.safe_load((MEGATRON / "pre_trainer.yaml").read_text())
-    base = merged(MEGATRON / "trainer_base.yaml")
-    assert {k: v for k, v in pre.items() if k in base} == base
-    assert {k: pre[k] for k in pre.keys() - base.keys()} == {"train_iters": 1000, "seq_length": 1024,
-                                                             "lr_warmup_iters": 40}
-    assert merged(MEGATRON / "sft_trainer.yaml")["stage"] == "sft"
+AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo"))
+
+
+def test_amd_megatron_module_presets_say_what_amd_primus_says():
+    """AMD Primus's defaults (its pre_trainer.yaml) for its files: the keys the issue's comparison named."""
+    pre = yaml.safe_load((MEGATRON / "amd" / "pre_trainer.yaml").read_text())
+    assert pre["eval_iters"] == 0 and pre["distributed_timeout_minutes"] == 60 and pre["lr"] == 2.0e-5
+    assert pre["global_batch_size"] == 16 and pre["micro_batch_size"] == 2 and pre["seq_length"] == 1024
+    assert merged(MEGATRON / "amd" / "sft_trainer.yaml")["stage"] == "sft"
+
+
+def test_primus_megatron_module_presets_keep_primus_defaults():
+    """Primus's own experiments (no AMD Primus-only key) read Primus's presets of the same names."""
+    pre = merged(MEGATRON / "pre_trainer.yaml")
+    assert pre["eval_iters"] == 10 and pre["lr"] == 3.0e-4 and "global_batch_size" not in pre
+    assert "dataloader_type" not in pre
+
+
+@pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR})")
+def test_megatron_module_presets_are_a_fresh_generation():
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_module_presets.py"), "--git-dir",
+                             str(AMD_MIRROR), "--check"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr

@@ -152,11 +152,26 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)])
 
 
-def test_disk_full_fails_clearly_and_keeps_the_previous_checkpoint(run_primus, small_disk, tmp_path):
+def test_a_save_on_a_full_disk_is_a_warning_and_training_goes_on(run_primus, small_disk):
+    (small_disk / "ballast").write_bytes(b"\0" * 512 * 1024)  # leaves room for one 6 MB checkpoint, not two
+    result = run_primus("train", TINY_EXAMPLE, f"workspace={small_disk}", "exp_name=goes_on", "training.steps=4",
+                        "checkpoint.interval=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = _run_dir(small_disk, "goes_on")
+    warning = (run_dir / "logs" / "pre_trainer" / "rank-0" / "warning.log").read_text()
+    line = next(line for line in warning.splitlines() if "checkpoint at step 4 was not saved (" in line)
+    assert "No space left on device" in line and f"removed the partial {run_dir / 'checkpoints' / 'step-4'}" in line
+    assert f"the newest checkpoint is {run_dir / 'checkpoints' / 'step-2'}" in line
+    assert (run_dir / "checkpoints" / "step-2" / ".metadata").exists()
+    assert not (run_dir / "checkpoints" / "step-4").exists()
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]
+
+
+def test_disk_full_with_fail_on_error_fails_clearly_and_keeps_the_previous_checkpoint(run_primus, small_disk, tmp_path):
     ballast = small_disk / "ballast"
     ballast.write_bytes(b"\0" * 512 * 1024)  # leaves room for one 6 MB checkpoint, not two
     result = run_primus("train", TINY_EXAMPLE, f"workspace={small_disk}", "exp_name=full", "training.steps=4",
-                        "checkpoint.interval=2")
+                        "checkpoint.interval=2", "primus.checkpoint.fail_on_error=true")
     assert result.returncode == 1
     assert "FAILED first failure: rank 0" in result.stderr and "is full" in result.stderr
     assert "Traceback" not in result.stderr

@@ -49,12 +49,13 @@ class Netns:
         subprocess.run(["ip", "link", "set", f"{self.prefix}_v{i}", "up" if up else "down"], check=True, timeout=10)
 
 
-def _netns(tmp_path_factory, prefix: str, subnet: str):
+def netns_hosts(tmp_path_factory, prefix: str, subnet: str, count: int = 2):
+    """``count`` "hosts" n1..n<count> on one bridge (a generator: the fixture's setup and teardown)."""
     require_root_netns()
     ns = Netns(prefix, subnet, tmp_path_factory.mktemp(prefix))
     script("netns_down.sh", ns.env, check=False)  # leftovers of a crashed earlier run
     try:
-        script("netns_up.sh", ns.env, "2", timeout=120)
+        script("netns_up.sh", ns.env, str(count), timeout=120)
         yield ns
     finally:
         script("netns_down.sh", ns.env, check=False)
@@ -63,13 +64,13 @@ def _netns(tmp_path_factory, prefix: str, subnet: str):
 @pytest.fixture(scope="session")
 def two_hosts(tmp_path_factory):
     """Two "hosts" n1/n2 (10.78.0.1/.2) on one bridge, for multi-node torchrun."""
-    yield from _netns(tmp_path_factory, "pnet", "10.78.0")
+    yield from netns_hosts(tmp_path_factory, "pnet", "10.78.0")
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A 2-node Slurm cluster: slurmctld on the host, slurmd n1/n2 each in its own namespace."""
-    hosts_gen = _netns(tmp_path_factory, "pslm", "10.79.0")
+    hosts_gen = netns_hosts(tmp_path_factory, "pslm", "10.79.0")
     hosts = next(hosts_gen)
     base = Path(f"/tmp/primus-slurm-{os.getpid()}")  # munged wants every parent of its socket world-executable
     base.mkdir(mode=0o755, exist_ok=True)

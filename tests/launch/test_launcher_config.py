@@ -77,3 +77,23 @@ def test_sbatch_flags_after_double_dash():
     assert split_passthrough(["--qos=x"], ["train", "E", "--", "--qos=x"]) == ([], ["--qos=x"])
     assert split_passthrough(["--training.steps", "3"], ["train", "E", "--training.steps", "3"]) == \
         (["--training.steps", "3"], [])
+
+
+def test_elastic_nodes_min_max_reach_torchrun_and_need_restarts(tmp_path):
+    import argparse
+
+    from primus.cli.train import node_count
+
+    assert node_count("4") == 4 and node_count("2:4") == (2, 4)
+    for bad in ("3:2", "0:2", "a:2", "2:"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            node_count(bad)
+    cli = {"nnodes": 2, "min_nodes": 1, "master_addr": "10.0.0.1", "max_restarts": 2}
+    plan = plan_from_config(_load(tmp_path, cli=cli)[0])
+    assert plan.elastic and plan.torchrun_args("t", tmp_path / "p.json")[0] == "--nnodes=1:2"
+    with pytest.raises(ConfigError, match=r"-N 1:2 continues on fewer nodes through a restart: give --max-restarts"):
+        plan_from_config(_load(tmp_path, cli={**cli, "max_restarts": 0})[0])
+    with pytest.raises(ConfigError, match=r"-N 3:2: the minimum is above the number of nodes"):
+        plan_from_config(_load(tmp_path, cli={**cli, "min_nodes": 3})[0])
+    rigid = plan_from_config(_load(tmp_path, cli={**cli, "min_nodes": 2})[0])  # MIN == MAX: not elastic
+    assert not rigid.elastic and rigid.torchrun_args("t", tmp_path / "p.json")[0] == "--nnodes=2"

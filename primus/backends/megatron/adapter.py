@@ -163,6 +163,15 @@ class MegatronAdapter(BackendAdapter):
                 where = f"{provenance.describe(full)}: " if provenance is not None else ""
                 raise ConfigError(f"{where}{full}: {path} does not exist")
 
+    def resume_problem(self, plan: EnginePlan, resuming: bool) -> str | None:
+        """torch_dist reshards; the legacy format and the distributed optimizer's default state do not
+        (``reshard.py``). The source is ``load`` when given (Megatron-LM's rule), else the run's own."""
+        from primus.backends.megatron.reshard import problem_for_run
+
+        args = plan.engine_config
+        root = Path(args.load) if args.load else (plan.checkpoint.directory if resuming else None)
+        return problem_for_run(args, plan.world_size, root) if root is not None else None
+
     def run(self, plan: EnginePlan, ctx: "RunContext") -> None:
         self.require_installed()
         plan.log_derived(ctx)

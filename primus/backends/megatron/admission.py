@@ -110,6 +110,10 @@ def check_arguments(args, target: "Target") -> tuple[list[Refusal], list[Note]]:
             elif why := refusal(FEATURES[dest], target):
                 refusals.append(Refusal(dest, value, _refused(value, default, target.name, why)))
             continue
+        if dest.startswith("muon_") and "muon" not in str(args.optimizer):  # AMD's module presets say 0.95
+            notes.append((dest, value, f"accepted, no effect here: read only with optimizer muon "
+                                       f"({args.optimizer} runs)"))
+            continue
         if support.kind == REFUSED_KIND:
             refusals.append(Refusal(dest, value, _refused(value, default, target.name, support.reason)))
         elif support.kind == KERNEL_ONLY_KIND and dest not in SAID_BY_TRAINER:

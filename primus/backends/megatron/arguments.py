@@ -142,6 +142,7 @@ def parse_args(params: dict[str, Any], *, module: str = "pre_trainer", provenanc
     for key in unset:
         args.note(key, table[key].default, "null: not given (Megatron-LM's command line has no null), its default")
     args._given = set(merged)  # what the experiment set (admission checks only these)
+    args._given_values = dict(merged)  # as written: a rule that changes one says so in a differs: line
     apply_megatron_lm_rules(args, module=module)
     check_parallel_layout(args, world_size=None, module=module)
     return args

@@ -85,10 +85,14 @@ def _restore_rng(sharded) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
 
 
-def _metadata(use_distributed_optimizer: bool) -> dict:
+def _metadata(args, saved: dict | None = None) -> dict:
+    """Megatron-LM's ``_build_sharded_state_dict_metadata``; loading follows the checkpoint's own optimizer
+    sharding type (its ``content_metadata``), as Megatron-LM's ``load_checkpoint`` does."""
     metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-    if use_distributed_optimizer:
+    if args.use_distributed_optimizer:
         metadata["distrib_optim_sharding_type"] = "dp_reshardable"
+        if saved and saved.get("distrib_optim_sharding_type"):
+            metadata["distrib_optim_sharding_type"] = saved["distrib_optim_sharding_type"]
     return metadata
 
 
@@ -143,9 +147,8 @@ def _restore_adam_steps(optimizer, loaded: dict) -> None:
                 param_state["step"] = torch.tensor(step)
 
 
-def _state_dict(chunks, optimizer, scheduler, *, iteration: int, consumed_samples: int,
-                use_distributed_optimizer: bool, is_loading: bool, with_optimizer: bool, with_rng: bool) -> dict:
-    metadata = _metadata(use_distributed_optimizer)
+def _state_dict(chunks, optimizer, scheduler, *, iteration: int, consumed_samples: int, metadata: dict,
+                is_loading: bool, with_optimizer: bool, with_rng: bool) -> dict:
     state = {"checkpoint_version": 3.0, "iteration": iteration, "consumed_samples": consumed_samples}
     for i, chunk in enumerate(chunks):
         key = "model" if len(chunks) == 1 else f"model{i}"
@@ -201,43 +204,56 @@ def model_shapes(state: dict) -> dict[str, tuple[int, ...]]:
 
 
 def _write_tracker(root: Path, iteration: int) -> None:
+    """Rank 0 points the tracker at ``iteration`` once every rank has saved; a failure is every rank's."""
     import torch.distributed as dist
 
-    dist.barrier()
-    if dist.get_rank() == 0:
+    from primus.backends.megatron.saving import agree
+
+    def write() -> None:
         tmp = Path(root) / (TRACKER + ".tmp")
         tmp.write_text(str(iteration))
         tmp.replace(Path(root) / TRACKER)
+
     dist.barrier()
+    agree(write if dist.get_rank() == 0 else None, f"writing {Path(root) / TRACKER}")
 
 
-def save_checkpoint(root: Path, chunks, optimizer, scheduler, args, *, iteration: int, consumed_samples: int) -> Path:
-    """Save ``iter_NNNNNNN`` under ``root`` in ``args.ckpt_format``, then point the tracker at it."""
+def save_checkpoint(root: Path, chunks, optimizer, scheduler, args, *, iteration: int, consumed_samples: int,
+                    async_save: bool = False):
+    """Save ``iter_NNNNNNN`` under ``root`` in ``args.ckpt_format``, then point the tracker at it. With
+    ``async_save`` (torch_dist) the files are written by megatron-core's async request, returned to be
+    scheduled; the tracker moves in its finalize step, once every rank has written (Megatron-LM)."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
+    from primus.backends.megatron import reshard
+    from primus.backends.megatron.saving import agree
+
     save_optimizer, save_rng = not args.no_save_optim, not args.no_save_rng
     target = iteration_dir(root, iteration)
-    if dist.get_rank() == 0:
-        target.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
+    agree((lambda: target.mkdir(parents=True, exist_ok=True)) if dist.get_rank() == 0 else None, f"creating {target}")
     if args.ckpt_format == "torch":
         from primus.backends.megatron import legacy_checkpoint
 
-        legacy_checkpoint.save(target, chunks, optimizer, scheduler, args, iteration=iteration,
-                               consumed_samples=consumed_samples, save_optimizer=save_optimizer, save_rng=save_rng)
+        agree(lambda: legacy_checkpoint.save(target, chunks, optimizer, scheduler, args, iteration=iteration,
+                                             consumed_samples=consumed_samples, save_optimizer=save_optimizer,
+                                             save_rng=save_rng), f"writing {target}")
     elif args.ckpt_format == "fsdp_dtensor":
         from primus.backends.megatron.fsdp import save_fsdp_dtensor
 
         save_fsdp_dtensor(target, chunks, optimizer, scheduler, args, iteration=iteration,
                           consumed_samples=consumed_samples, rng_state=[rng_streams()] if save_rng else None)
     else:
+        metadata = _metadata(args)
         state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=consumed_samples,
-                            use_distributed_optimizer=args.use_distributed_optimizer, is_loading=False,
-                            with_optimizer=save_optimizer, with_rng=save_rng)
-        dist_checkpointing.save(state, str(target))
+                            metadata=metadata, is_loading=False, with_optimizer=save_optimizer, with_rng=save_rng)
+        state[reshard.LAYOUT_KEY] = reshard.run_layout(args, dist.get_world_size())  # checked before a resume
+        request = dist_checkpointing.save(state, str(target), content_metadata=metadata, async_sharded_save=async_save)
+        if request is not None:
+            request.add_finalize_fn(lambda: _write_tracker(root, iteration))
+            return request
     _write_tracker(root, iteration)
-    return target
+    return None
 
 
 def load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tuple[int, int]:
@@ -278,13 +294,23 @@ def _source(root: Path) -> tuple[Path, int, bool]:
 def _load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tuple[int, int]:
     """``finetune`` (and a ``release`` checkpoint) loads only the weights and restarts at iteration 0
     (Megatron-LM semantics); the parameters' fp32 main copies then follow the loaded weights."""
+    import torch
     from megatron.core import dist_checkpointing
 
-    from primus.backends.megatron import fsdp, legacy_checkpoint
+    from primus.backends.megatron import fsdp, legacy_checkpoint, reshard
 
     source, iteration, release = _source(root)
     with_optimizer = not (args.finetune or args.no_load_optim or release)
     with_rng = not (args.finetune or args.no_load_rng or release)
+    layout = reshard.run_layout(args, torch.distributed.get_world_size())
+    problem = reshard.resume_problem(source, layout, load_optimizer=with_optimizer)
+    if problem:  # said before launch too; here for a run whose world changed since (an elastic restart)
+        raise ConfigError(f"load: {problem}")
+    if with_rng and not reshard.rng_restorable(source, layout):
+        with_rng = False
+        log("no_load_rng", True, f"{source} was written at {reshard.describe(reshard.saved_layout(source))}, "
+            f"this run is {reshard.describe(layout)}: the RNG streams are per (PP, TP) rank and are not "
+            "restored, as in Megatron-LM")
     if legacy_checkpoint.is_legacy(source):
         if fsdp.sharding(args):
             raise ConfigError(f"load: {source} is a legacy checkpoint (ckpt_format: torch), which holds whole "
@@ -305,9 +331,9 @@ def _load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tup
     else:
         if with_optimizer:
             _materialize_adam_state(optimizer)
+        metadata = _metadata(args, dist_checkpointing.load_content_metadata(str(source)))
         state = _state_dict(chunks, optimizer, scheduler, iteration=iteration, consumed_samples=0,
-                            use_distributed_optimizer=args.use_distributed_optimizer, is_loading=True,
-                            with_optimizer=with_optimizer, with_rng=with_rng)
+                            metadata=metadata, is_loading=True, with_optimizer=with_optimizer, with_rng=with_rng)
         check_model_matches(source, gathered(model_shapes(state)),
                             lambda key: not key.startswith(("optimizer", "rng_state")))
         loaded = dist_checkpointing.load(state, str(source))
@@ -316,7 +342,7 @@ def _load_checkpoint(root: Path, chunks, optimizer, scheduler, args, log) -> tup
         else:
             for i, chunk in enumerate(chunks):
                 chunk.module.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"], strict=True)
-            if with_optimizer:
+            if with_optimizer and not reshard.load_regrouped_optimizer(optimizer, loaded["optimizer"], log):
                 optimizer.load_state_dict(loaded["optimizer"])
                 _restore_adam_steps(optimizer, loaded["optimizer"])
         if with_optimizer:

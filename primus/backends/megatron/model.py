@@ -294,7 +294,7 @@ def wrap_ddp(args: MegatronArgs, config, chunks: list) -> list:
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,
-        check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+        check_for_nan_in_grad=False,  # the trainer checks the step's loss and grad norm (check_for_nan_in_loss_and_grad)
         bucket_size=args.ddp_bucket_size,
     )
     return [

@@ -205,6 +205,7 @@ class MegatronArgsBase(BaseModel):
     model: dict[str, Any] | None = None  # the neutral ModelSpec block, translated before validation
     _notes: list = PrivateAttr(default_factory=list)  # (key, value, reason, level) said at run time
     _given: set = PrivateAttr(default_factory=set)  # the arguments the experiment set (not defaults)
+    _given_values: dict = PrivateAttr(default_factory=dict)  # their values as written, before Megatron-LM's rules
 
     def note(self, key: str, value: Any, reason: str, level: str = "info") -> None:
         """Remember a setting Primus (or Megatron-LM's own rules) chose, to be said once at run time."""
@@ -217,6 +218,10 @@ class MegatronArgsBase(BaseModel):
     @property
     def given(self) -> set[str]:
         return set(self._given)
+
+    @property
+    def given_values(self) -> dict[str, Any]:
+        return dict(self._given_values)
 
     @property
     def query_groups(self) -> int:

@@ -6,6 +6,7 @@ optimizer step and the LR scheduler step (counted in samples, as Megatron-LM doe
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from functools import partial
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from primus.backends.megatron import checkpoint as ckpt
 from primus.backends.megatron.arguments import MegatronArgs
-from primus.backends.megatron.data import build_datasets, micro_batches
+from primus.backends.megatron.data import build_datasets, micro_batches, sample_positions
 from primus.backends.megatron.model import (
     Derived,
     build_model,
@@ -27,6 +28,7 @@ from primus.backends.megatron.model import (
 )
 from primus.backends.megatron.fsdp import wrap_data_parallel
 from primus.backends.megatron.plan import flops_per_step
+from primus.backends.megatron.saving import CheckpointSaver
 from primus.backends.megatron.tokenizers import build_tokenizer
 from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.admission import check_arguments
@@ -34,13 +36,8 @@ from primus.backends.megatron.validate_args import check_parallel_layout
 from primus.config.errors import ConfigError
 from primus.plan.target import Target, host_target
 from primus.runtime.admission import Admission
-from primus.runtime.context import NonFiniteLoss
-from primus.runtime.metrics import StepReport
+from primus.runtime.metrics import EvalReport, StepReport
 from primus.runtime.phases import timed_iterator
-
-# megatron-core's DDP grad check (check_for_nan_in_grad) fails with these words in a RuntimeError.
-_NON_FINITE_GRAD = ("found NaN in local grad norm", "found Inf in local grad norm")
-
 
 def _init_process_group(ctx) -> bool:
     """Join the process group the launcher described in env vars; True if we created it."""
@@ -128,11 +125,12 @@ class MegatronTrainer:
     def _say_notes(self) -> None:
         """What Megatron-LM's rules and the support table decided, once, before anything is built;
         a refused argument stops here (ConfigError), before the process group exists."""
-        for key, value, reason, level in self.args.notes:
-            if level == "warning":
-                self.ctx.logger.warning("%s=%s (%s)", key, value, reason)
-            else:
-                self.ctx.log_derived(key, value, reason)
+        from primus.compat.differs import engine_lines, notes_without_differences
+
+        for text in engine_lines(None, self.args):  # a value the experiment set that does not run as written
+            self.ctx.logger.warning("%s", text)
+        for key, value, reason, _level in notes_without_differences(self.args):
+            self.ctx.log_derived(key, value, reason)
         # the launcher admitted the run on this host's device: the same check, on the device this rank uses
         refused, notes = check_arguments(self.args, self.target)
         if refused:
@@ -216,6 +214,8 @@ class MegatronTrainer:
 
         self.iteration, self.consumed = 0, 0
         self.save_dir = Path(args.save) if args.save else ctx.checkpoint_dir
+        self.saver = CheckpointSaver(self.save_dir, args, self.model, self.optimizer, self.scheduler, ctx,
+                                     fail_on_error=ctx.checkpoint_fail_on_error)
         self._load()
 
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -281,11 +281,14 @@ class MegatronTrainer:
             config.param_sync_func = sync[0] if len(sync) == 1 else sync
 
     def _batches(self, dataset, consumed: int):
-        return timed_iterator(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
-                                            micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank,
-                                            dp_size=self.dp, device=self.device,
-                                            cyclic=self.args.dataloader_type == "cyclic",
-                                            data_sharding=self.args.data_sharding), self.ctx.phase("data"))
+        layout = dict(consumed_samples=consumed, global_batch_size=self.gbs, micro_batch_size=self.args.micro_batch_size,
+                      dp_rank=self.dp_rank, dp_size=self.dp)
+        batches = micro_batches(dataset, device=self.device, cyclic=self.args.dataloader_type == "cyclic",
+                                data_sharding=self.args.data_sharding, **layout)
+        if self.ctx.samples is not None and dataset is self.train_ds:  # primus.sample_hashes
+            for positions, batch in zip(sample_positions(**layout), batches):
+                self.ctx.samples.add(batch["tokens"], keys=positions)
+        return timed_iterator(batches, self.ctx.phase("data"))
 
     def _data_iterator(self, dataset, consumed: int):
         # Interleaved schedules take one iterator per model chunk; each chunk sees the same batches.
@@ -312,24 +315,26 @@ class MegatronTrainer:
         The LR is read before the scheduler advances: Megatron-LM logs the one after (the next
         step's), TorchTitan the one applied; Primus reports the applied one for every backend.
         Extras: the MoE router's and MTP's auxiliary losses, as Megatron-LM logs them.
+
+        ``check_for_nan_in_loss_and_grad`` reads the step's own values: a non-finite global loss
+        skips the update (``RunContext.report_step`` then stops the run), a non-finite grad norm
+        stops it after the update and before any checkpoint of that state.
         """
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
-        try:
-            with self.ctx.phase("compute"):
-                losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
-        except RuntimeError as exc:  # megatron-core DDP's check_for_nan_in_grad, before any update
-            if any(words in str(exc) for words in _NON_FINITE_GRAD):
-                raise NonFiniteLoss(self.iteration + 1, float("nan")) from None
-            raise
+        with self.ctx.phase("compute"):
+            losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+        loss = _global_loss(losses, self.device)
+        if self.ctx.stop_on_non_finite_loss and not math.isfinite(loss):
+            return loss, None, lr, {}
         with self.ctx.phase("optimizer"):
             update_ok, grad_norm, _ = self.optimizer.step()
             if update_ok:
                 self.scheduler.step(increment=self.gbs)
         extra = aux_loss_metrics(self.config, self.num_microbatches)
-        return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr, extra
+        return loss, (float(grad_norm) if grad_norm is not None else None), lr, extra
 
     def evaluate(self) -> float:
         with self.ctx.phase("eval"):
@@ -349,15 +354,14 @@ class MegatronTrainer:
         return _global_loss(losses, self.device)
 
     def save(self) -> None:
-        with self.ctx.phase("checkpoint"):
-            path = ckpt.save_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler, self.args,
-                                        iteration=self.iteration, consumed_samples=self.consumed)
-        self.ctx.logger.info("saved checkpoint %s", path)
+        with self.ctx.phase("checkpoint"):  # an async_save's share: scheduling it, and waiting for the one before
+            self.saver.save(self.iteration, self.consumed)
 
     def train(self) -> None:
         args, ctx = self.args, self.ctx
         last_saved = self.iteration
         while self.iteration < args.train_iters:
+            self.saver.poll()  # a background save every rank has finished: move the tracker to it
             start = time.perf_counter()
             loss, grad_norm, lr, extra = self.train_step()
             elapsed = time.perf_counter() - start
@@ -369,7 +373,7 @@ class MegatronTrainer:
                 lr=lr, grad_norm=grad_norm, extra=extra,
             ))
             if args.eval_interval and args.eval_iters and self.iteration % args.eval_interval == 0 and self.valid_ds:
-                ctx.logger.info("[EVAL] step=%d loss=%.4f", self.iteration, self.evaluate())
+                ctx.report_eval(EvalReport(step=self.iteration, loss=self.evaluate()))
             if args.save_interval and self.iteration % args.save_interval == 0:
                 self.save()
                 last_saved = self.iteration
@@ -380,9 +384,11 @@ class MegatronTrainer:
 
                 if last_saved != self.iteration:
                     self.save()
+                self.saver.wait()
                 raise Preempted(self.iteration, True)
         if last_saved != self.iteration and ctx.save_last_checkpoint:  # AMD Primus: disable_last_saving
             self.save()
+        self.saver.wait()
 
     def _out_of_time(self) -> bool:
         """Megatron-LM's ``exit_duration_in_mins``: minutes since the trainer started, the largest over the
@@ -406,6 +412,8 @@ class MegatronTrainer:
         from megatron.core import parallel_state
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
+        if getattr(self, "saver", None) is not None:
+            self.saver.close()
         parallel_state.destroy_model_parallel()  # safe when never initialized
         destroy_num_microbatches_calculator()
         if self.owns_process_group and dist.is_initialized():

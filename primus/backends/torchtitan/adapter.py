@@ -161,6 +161,20 @@ class TorchTitanAdapter(BackendAdapter):
                 where = f"{provenance.describe(full)}: " if provenance is not None else ""
                 raise ConfigError(f"{where}{full}: {path} does not exist")
 
+    def resume_problem(self, plan: EnginePlan, resuming: bool) -> str | None:
+        """DCP reshards the model and optimizer over any FSDP / TP / PP layout; TorchTitan's dataloader state
+        only at the data-parallel degree that wrote it (``data.py``)."""
+        from primus.backends.torchtitan.data import dataloader_problem
+        from primus.runtime.checkpoints import newest_usable
+
+        cfg = plan.engine_config
+        if not resuming or not cfg.checkpoint.enable or plan.world_size is None:
+            return None
+        step = cfg.checkpoint.load_step if cfg.checkpoint.load_step >= 0 else \
+            newest_usable(plan.checkpoint.directory, "torchtitan", warn=lambda _message: None)
+        checkpoint = plan.checkpoint.directory / f"step-{step}"
+        return dataloader_problem(checkpoint, cfg, plan.world_size) if step is not None and checkpoint.is_dir() else None
+
     def run(self, plan: EnginePlan, ctx: RunContext) -> None:
         from primus.backends.torchtitan.float8 import converted_linears
         from primus.backends.torchtitan.patches import apply_float8_patches, apply_patches
@@ -192,7 +206,6 @@ class TorchTitanAdapter(BackendAdapter):
             write_hf_config(cfg.hf_model, hf_config)
         trainer = with_primus_components(cfg).build()
         trainer.attach(ctx, plan.flops_per_token)
-        hf_start.tap_validation(trainer, ctx)  # [#15] [EVAL] lines
         try:
             trainer.train()
             if trainer.stopping:  # SIGTERM: this step was checkpointed (when checkpoints are on)

@@ -226,8 +226,9 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
                          stage: str = "pretrain"):
     """Return ``(Trainer.Config, ModelSpec, derived settings)``; raises ConfigError."""
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer
+
+    from primus.backends.torchtitan.data import PrimusTextDataLoader
 
     ctx = BuildContext(provenance, prefix)
     for key in non_finite_numbers(params):
@@ -241,7 +242,7 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
 
         cfg = Trainer.Config(dataloader=sft_dataloader_config())
     else:
-        cfg = Trainer.Config(dataloader=HuggingFaceTextDataLoader.Config())
+        cfg = Trainer.Config(dataloader=PrimusTextDataLoader.Config())
     cfg.model_spec, spec = _model(params, attn, ctx)
     if hasattr(cfg.model_spec.model, "_primus_hf_config"):  # transformers backend: its Config carries hf_model
         from primus.backends.torchtitan.hooks import PrimusHFTrainer, _as
@@ -381,6 +382,10 @@ def _derive_cpu_settings(cfg: Any, ctx: BuildContext) -> None:
         cfg.training.disable_cuda_graphs = True
         ctx.derived.append(("training.disable_cuda_graphs", True, "no CUDA on this host"))
     _derive_cpu_bf16(cfg, ctx)
+    if cfg.checkpoint.async_mode == "async_with_pinned_mem":
+        cfg.checkpoint.async_mode = "async"
+        ctx.derived.append(("checkpoint.async_mode", "async", "pinned host memory needs CUDA: DCP's threaded async "
+                            "save, which stages the state in CPU memory, overlaps the write the same way"))
     if cfg.optimizer.implementation in ("fused", "fused_opt_states_bf16"):
         cfg.optimizer.implementation = "foreach"
         ctx.derived.append(("optimizer.implementation", "foreach", "fused AdamW kernels are CUDA-only"))

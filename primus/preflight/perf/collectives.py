@@ -60,7 +60,7 @@ def default_sizes(device: str, quick: bool) -> list[int]:
     return sizes
 
 
-def _operation(op: str, size: int, group, device: str):
+def operation(op: str, size: int, group, device: str):
     """A zero-argument callable running one collective of ``size`` bytes on ``group``."""
     import torch
     import torch.distributed as dist
@@ -107,7 +107,7 @@ def run_sweep(op: str, sizes: list[int], group, device: str, *, warmup: int, ite
 
     results = []
     for size in sizes:
-        fn = _operation(op, size, group, device)
+        fn = operation(op, size, group, device)
         for _ in range(warmup):
             fn()
         synchronize(device)

@@ -7,6 +7,7 @@ from typing import Any
 
 from primus.preflight.checks import COLLECTED, Context, module
 from primus.preflight.findings import LEVELS, Finding, fail, info
+from primus.preflight.nodes import judge_nodes, node_findings
 from primus.preflight.options import PreflightOptions
 from primus.preflight.perf.collectives import BUS_FACTOR_DOC, combine
 from primus.preflight.perf.expected import expected_findings
@@ -88,6 +89,9 @@ def build_report(opts: PreflightOptions, thresholds: dict[str, Any], ctx: Contex
     measurements = _measurements(results, ctx.hosts)
     all_findings += _performance_findings(measurements, ctx.hosts, thresholds, results, ctx.world_size)
     all_findings += expected_findings(measurements, facts, thresholds, ctx.hosts)
+    pairwise = next((res["pairwise"] for _, res in sorted(results.items()) if res.get("pairwise")), None)
+    nodes = judge_nodes(measurements, ctx.hosts, pairwise, thresholds)
+    all_findings += node_findings(nodes, fail_on_bad=thresholds["nodes"]["fail_on_bad"])
     all_findings.sort(key=lambda f: -LEVELS.index(f.level))
     counts = {level: sum(f.level == level for f in all_findings) for level in LEVELS}
     return {
@@ -105,5 +109,6 @@ def build_report(opts: PreflightOptions, thresholds: dict[str, Any], ctx: Contex
                      "gemm": "2 * n^3 / seconds / 1e9 (GFLOP/s)", "membw": "2 * bytes / seconds / 1e9 (GB/s, copy)"},
         "findings": [f.to_dict() for f in all_findings],
         "measurements": measurements,
+        "nodes": nodes,
         "ranks": {str(r): facts[r] for r in sorted(facts)},
     }

@@ -5,7 +5,8 @@ from typing import Any
 
 import yaml
 
-from primus.preflight.report.tables import collective_tables, hosts_label, measurement_table, rank_table, topologies
+from primus.preflight.report.tables import (collective_tables, hosts_label, measurement_table, node_sections, rank_table,
+                                           topologies)
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -31,9 +32,10 @@ def render_markdown(report: dict[str, Any], images: dict[str, str]) -> str:
         "## Findings",
         table(["level", "check", "message", "ranks"],
               [[f["level"].upper(), f["check"], f["message"], ",".join(map(str, f["ranks"]))] for f in report["findings"]]),
-        "## Ranks",
-        *_table_with_note(*rank_table(report)),
     ]
+    for title, note, headers, rows in node_sections(report):
+        parts += [f"## {title}", *_table_with_note(note, headers, rows)]
+    parts += ["## Ranks", *_table_with_note(*rank_table(report))]
     for hosts, text in topologies(report):
         parts += [f"## GPU topology: {hosts_label(hosts)}", "```\n" + text + "\n```"]
     m = report["measurements"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from primus.preflight.report.tables import collective_tables, hosts_label, measurement_table, rank_table, topologies
+from primus.preflight.report.tables import (collective_tables, hosts_label, measurement_table, node_sections, rank_table,
+                                           topologies)
 
 LEVEL_COLOURS = {"fail": (200, 40, 40), "warn": (190, 120, 0), "info": (60, 60, 60)}
 
@@ -55,6 +56,9 @@ def render_pdf(report: dict[str, Any], images: dict[str, str], out_dir: Path, pa
             pdf.multi_cell(0, 4.5, _text(note), new_x="LMARGIN", new_y="NEXT")
         grid(headers, rows)
 
+    for title, note, headers, rows in node_sections(report):
+        heading(title)
+        note_and_grid(note, headers, rows)
     heading("Ranks")
     note_and_grid(*rank_table(report))
     for hosts, text in topologies(report):

@@ -127,3 +127,27 @@ def topologies(report: dict[str, Any]) -> list[tuple[list[str], str]]:
 def hosts_label(hosts: list[str], limit: int = 6) -> str:
     shown = ", ".join(hosts[:limit])
     return shown + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
+
+
+def node_sections(report: dict[str, Any]) -> list[tuple[str, str | None, list[str], list[list[Any]]]]:
+    """(title, note, headers, rows) of the per-node evidence and of the pairwise rounds behind its links;
+    [] for a one-node job."""
+    from primus.preflight.nodes import node_table
+
+    judgment = report.get("nodes") or {}
+    if len(judgment.get("nodes") or {}) < 2 or not judgment.get("medians"):
+        return []
+    bad = judgment["bad"]
+    note = (f"Each node's slowest rank; * marks a figure below the fleet median by more than {judgment['margin']:.0%}. "
+            + (f"Bad: {', '.join(bad)}. Leave them out: {judgment['exclude']}" if bad else "No bad node."))
+    sections = [("Nodes", note, *node_table(judgment))]
+    pairwise = judgment.get("pairwise")
+    if pairwise:
+        reference = pairwise.get("reference_gbps")
+        rows = [[r["round"], f"{p['nodes'][0]} - {p['nodes'][1]}", f"{p['gbps']:.3g}"]
+                for r in pairwise["rounds"] for p in r["pairs"]]
+        note = (f"sendrecv of {fmt_size(pairwise['size'])} both ways between local rank k of each node (every k at once); "
+                "round 1 pairs the nodes, later rounds pair each node of a slow pair with a healthy one"
+                + (f"; round-1 median {reference:.3g} GB/s" if reference else ""))
+        sections.append(("Inter-node pairs", note, ["round", "pair", "GB/s (slowest local rank)"], rows))
+    return sections

@@ -74,7 +74,7 @@ def runs(base, tmp_path_factory):
             cache[name + ":dir"] = run_dir
         return cache[name]
 
-    get.root = root
+    get.root, get.base = root, base
     return get
 
 

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Generate the table of what AMD Primus resolves for each of its Megatron example files, key by key.
+
+For every ``examples/megatron/configs/MI*/*.yaml`` of AMD Primus at the commit below it does what AMD
+Primus's ``PrimusParser`` does, read from its files (not from Primus's copies):
+
+1. the experiment file, ``${VAR:default}`` read with VAR unset, ``extends:`` parents merged first;
+2. the module preset (``config:``) and the model preset (``model:``), each with its ``extends:``/``bases:``
+   chain (parents first, later wins; ``deep_merge``);
+3. ``merge_namespace(module_config, model_config, allow_override=False)``: a key the module preset has
+   wins over the model preset's;
+4. the experiment's ``overrides`` deep-merged last;
+5. only Megatron-LM d3528a2's argument dests reach Megatron-LM (``MegatronArgBuilder``); an unset one
+   is Megatron-LM's default; then Megatron-LM's own ``validate_args`` derivations (``megatron_lm_rules``).
+
+The table keeps ``COMPARED`` (the network, the optimiser, the batch, the run length, evaluation,
+timeouts, parallelism and data source) for each file: ``tests/compat/amd_resolved.json``.
+``tests/compat/test_amd_resolved.py`` compares Primus's resolved Megatron arguments with it.
+
+    python tools/gen_amd_resolved.py [--git-dir AMD_PRIMUS_GIT_DIR] [--commit fd1eeab] [--check]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import posixpath
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SOURCE_REPO = "AMD-AGI/Primus"
+SOURCE_COMMIT = "fd1eeabbad15135e3702094087e96142b4b4eacb"
+DEFAULT_GIT_DIR = os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo")
+OUT = REPO / "tests" / "compat" / "amd_resolved.json"
+EXAMPLES = re.compile(r"^examples/megatron/configs/MI[0-9A-Z]+/[^/]+\.yaml$")
+CONFIGS = "primus/configs"
+COMPARED = (
+    # the network
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "group_query_attention",
+    "num_query_groups", "kv_channels", "normalization", "layernorm_epsilon", "qk_layernorm", "add_qkv_bias",
+    "add_bias_linear", "swiglu", "untie_embeddings_and_output_weights", "position_embedding_type", "rotary_base",
+    "use_rope_scaling", "rope_scaling_factor", "num_experts", "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size", "moe_router_topk", "mtp_num_layers", "multi_latent_attention",
+    # optimiser and schedule
+    "lr", "min_lr", "lr_decay_style", "lr_warmup_iters", "weight_decay", "adam_beta1", "adam_beta2", "clip_grad",
+    # batch, length, evaluation, timeouts
+    "micro_batch_size", "global_batch_size", "seq_length", "train_iters", "eval_iters", "eval_interval",
+    "distributed_timeout_minutes",
+    # parallelism, precision, data source
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+    "sequence_parallel", "pipeline_model_parallel_layout", "bf16", "mock_data", "dataloader_type",
+)
+_ENV = re.compile(r"\$\{([^:{}]+)(?::([^}]*))?}")
+
+
+@functools.lru_cache(maxsize=None)
+def git(git_dir: str, *argv: str) -> str:
+    result = subprocess.run(["git", "--git-dir", git_dir, *argv], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"gen_amd_resolved: git {' '.join(argv)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def _env(value: Any) -> Any:
+    """``${VAR:default}`` as AMD Primus reads it with VAR unset (its default, typed as YAML reads it)."""
+    if isinstance(value, dict):
+        return {k: _env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_env(v) for v in value]
+    if isinstance(value, str) and _ENV.fullmatch(value.strip()):
+        return yaml.safe_load(_ENV.fullmatch(value.strip()).group(2) or "null")
+    if isinstance(value, str):  # a reference inside a string: ${PRIMUS_MODEL:deepseek_v3}.yaml
+        return _ENV.sub(lambda match: match.group(2) or "", value)
+    return value
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = deep_merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
+
+
+def load(git_dir: str, commit: str, path: str) -> dict[str, Any]:
+    """A file with its ``extends:``/``bases:`` parents (relative to it), parents first, the file last."""
+    data = _env(yaml.safe_load(git(git_dir, "show", f"{commit}:{path}")) or {})
+    parents = data.pop("extends", None) or data.pop("bases", None) or []
+    merged: dict[str, Any] = {}
+    for parent in [parents] if isinstance(parents, str) else parents:
+        merged = deep_merge(merged, load(git_dir, commit, posixpath.normpath(posixpath.join(posixpath.dirname(path),
+                                                                                            parent))))
+    return deep_merge(merged, data)
+
+
+def resolve(git_dir: str, commit: str, path: str) -> dict[str, dict[str, Any]]:
+    """{module name: the Megatron-LM arguments AMD Primus hands Megatron-LM, COMPARED only}."""
+    from primus.backends.megatron.schema import megatron_lm_table
+
+    table = megatron_lm_table()
+    out = {}
+    for name, module in (load(git_dir, commit, path).get("modules") or {}).items():
+        if not isinstance(module, dict) or module.get("framework") != "megatron":
+            continue
+        config = load(git_dir, commit, f"{CONFIGS}/modules/megatron/{module['config']}")
+        model = load(git_dir, commit, f"{CONFIGS}/models/megatron/{module['model']}")
+        merged = {**{k: v for k, v in model.items() if k not in config}, **config}  # merge_namespace, no override
+        merged = deep_merge(merged, module.get("overrides") or {})
+        args = {key: merged[key] if key in merged and merged[key] is not None else _default(table, key)
+                for key in COMPARED}
+        out[name] = megatron_lm_rules(args)
+    return out
+
+
+def megatron_lm_rules(args: dict[str, Any]) -> dict[str, Any]:
+    """The values Megatron-LM d3528a2's ``validate_args`` (megatron/training/arguments.py) derives among
+    ``COMPARED``: an unset FFN width, head width or expert width, sequence parallelism at TP 1."""
+    if args["ffn_hidden_size"] is None and args["hidden_size"]:  # arguments.py:1040
+        hidden = args["hidden_size"]
+        args["ffn_hidden_size"] = int((4 * hidden * 2 / 3) / 64) * 64 if args["swiglu"] else 4 * hidden
+    if args["kv_channels"] is None and args["hidden_size"] and args["num_attention_heads"]:  # arguments.py:1051
+        args["kv_channels"] = args["hidden_size"] // args["num_attention_heads"]
+    if args["tensor_model_parallel_size"] == 1:  # arguments.py:1145
+        args["sequence_parallel"] = False
+    if args["num_experts"] is not None and args["moe_ffn_hidden_size"] is None:  # arguments.py:1254
+        args["moe_ffn_hidden_size"] = args["ffn_hidden_size"]
+    return args
+
+
+def _default(table, key: str) -> Any:
+    default = table[key].default
+    return list(default) if isinstance(default, tuple) else default
+
+
+def generate(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dict[str, Any]:
+    commit = git(git_dir, "rev-parse", commit).strip()
+    files = sorted(p for p in git(git_dir, "ls-tree", "-r", "--name-only", commit, "examples/megatron").split()
+                   if EXAMPLES.match(p))
+    rows = {}
+    for path in files:
+        try:
+            modules = resolve(git_dir, commit, path)
+        except SystemExit:  # a preset AMD Primus's own file names but its tree lacks: AMD Primus fails too
+            continue
+        for name, args in modules.items():
+            rows[f"{path}:{name}"] = [args[key] for key in COMPARED]
+    return {"source": f"{SOURCE_REPO}@{commit}", "megatron_lm": "NVIDIA/Megatron-LM@d3528a2",
+            "generator": "tools/gen_amd_resolved.py", "keys": list(COMPARED), "rows": rows}
+
+
+def dump(table: dict[str, Any]) -> str:
+    """One row per line: reviewable diffs, a small file."""
+    head = {k: v for k, v in table.items() if k != "rows"}
+    lines = [json.dumps(head)[:-1] + ', "rows": {']
+    rows = list(table["rows"].items())
+    lines += [f"  {json.dumps(k)}: {json.dumps(v)}{',' if i < len(rows) - 1 else ''}" for i, (k, v) in enumerate(rows)]
+    return "\n".join(lines) + "\n}}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--git-dir", default=DEFAULT_GIT_DIR, help="AMD Primus git directory (a bare mirror is fine)")
+    parser.add_argument("--commit", default=SOURCE_COMMIT)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--check", action="store_true", help="compare with --out; exit 1 on a difference")
+    args = parser.parse_args(argv)
+    text = dump(generate(args.git_dir, args.commit))
+    if args.check:
+        if not args.out.exists() or args.out.read_text() != text:
+            print(f"gen_amd_resolved: {args.out} differs from a fresh generation")
+            return 1
+        return 0
+    args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
