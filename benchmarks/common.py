@@ -149,9 +149,7 @@ def md_table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def metrics_jsonl(run_dir: Path) -> list[dict[str, Any]]:
-    """The step rows of a run's metrics.jsonl (event rows left out)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [row for row in rows if "event" not in row]
+    """The training-step rows of a run's metrics.jsonl (validation passes and event rows left out)."""
+    from primus.runtime.metrics import read_rows
+
+    return read_rows(run_dir / "metrics.jsonl")

@@ -84,8 +84,9 @@ def _train_summary(workspace: Path, exp_name: str) -> dict[str, Any]:
     files = sorted(workspace.rglob(f"{exp_name}/metrics.jsonl"))
     if not files:
         return {}
-    rows = [row for row in map(json.loads, filter(str.strip, files[-1].read_text().splitlines()))
-            if "event" not in row]  # step rows only
+    from primus.runtime.metrics import read_rows
+
+    rows = read_rows(files[-1])  # step rows only
     steady = rows[2:] or rows
     if not steady:
         return {"steps": 0}

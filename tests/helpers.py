@@ -23,7 +23,7 @@ def run_dir_of(workspace: Path, exp_name: str, work_group: str = "amd", user_nam
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The step records of a run's metrics.jsonl, oldest first ([] when none was written)."""
+    """The training-step records of a run's metrics.jsonl, oldest first ([] when none was written)."""
     from primus.runtime.metrics import is_step_row
 
     return [row for row in _rows(run_dir) if is_step_row(row)]
@@ -35,10 +35,18 @@ def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    from primus.runtime.metrics import read_rows
     from primus.runtime.rundir import RunDir
 
-    path = RunDir(run_dir).metrics
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_rows(RunDir(run_dir).metrics, kind=None)
+
+
+def read_evals(run_dir: Path) -> list[dict[str, Any]]:
+    """The validation passes (``"kind": "eval"`` rows) of a run's metrics.jsonl."""
+    from primus.runtime.metrics import read_rows
+    from primus.runtime.rundir import RunDir
+
+    return read_rows(RunDir(run_dir).metrics, "eval")
 
 
 def losses(run_dir: Path) -> list[float]:

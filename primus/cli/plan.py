@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from typing import Any
 
+from primus.config.errors import ConfigError
 from primus.config.values import count_flag, non_empty_flag
+from primus.cli.plan_report import plan_report
+from primus.launch.plan import world_size_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--measure", type=int, nargs="?", const=3, default=0, metavar="K",
                       help="--search: run the top K (default 3) for a few steps here and re-rank by measurement")
     plan.add_argument("--measure-steps", type=int, default=6, help="steps per measured layout (default 6)")
+    plan.add_argument("--build", action="store_true",
+                      help="also build each pipeline stage's real model with the engine, on the meta device with a "
+                           "fake process group for the whole world: the engine's own layout errors and per-rank "
+                           "bytes (Megatron, TorchTitan; seconds on a CPU)")
     plan.set_defaults(handler=_plan, accepts_overrides=True)
 
 
@@ -47,36 +54,6 @@ def _device_names() -> list[str]:
     from primus.plan.devices import DEVICE_MEMORY_GIB  # not estimate: --help must not import pydantic
 
     return sorted(DEVICE_MEMORY_GIB) + ["local (--project/--search: measured by primus preflight)"]
-
-
-def _assumptions(world: int, source: str, device: str | None, admission) -> str:
-    shown = f"device {device} (--device)" if device else "no device (--device NAME to check that it fits)"
-    admitted = admission.summary() if admission.ok else f"NOT admitted on {admission.target.name}: {admission.error()}"
-    return f"plan for world size {world} ({source}), {shown}\n{admitted}"
-
-
-def run_plan(model, layout, device: str | None, thresholds_path: str | None = None, as_json: bool = False,
-             world_size: int | None = None, sizing=None) -> tuple[str, int]:
-    """The text (or JSON) ``primus plan`` prints and its exit status (the assumptions line not included).
-    ``sizing``: the plan's (``primus.plan.sizing``; default an LLM's)."""
-    from primus.plan.layout import worst_level
-    from primus.plan.sizing import LLM
-    from primus.preflight.thresholds import load_thresholds
-
-    sizing = sizing or LLM
-    usable = load_thresholds(thresholds_path)["memory"]["usable_fraction"]
-    problems = sizing.problems(model, layout, world_size)
-    if worst_level(problems) == "fail":
-        lines = [f"{p.level}: {p.message}" for p in problems]
-        return ("\n".join(lines) if not as_json else json.dumps({"problems": [p.to_dict() for p in problems]}, indent=2)), 1
-    plan = sizing.estimate(model, layout, device, usable_fraction=usable)
-    code = 1 if plan.fits is False else 0
-    if as_json:
-        return json.dumps({**plan.to_dict(), "problems": [p.to_dict() for p in problems]}, indent=2), code
-    text = sizing.format(plan)
-    if problems:
-        text += "\n" + "\n".join(f"{p.level}: {p.message}" for p in problems)
-    return text, code
 
 
 def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -91,27 +68,39 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
         from primus.plan.estimate import device_memory_bytes
 
         device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
-    from primus.launch.plan import world_size_of
-
     target = target_for(args.device)  # the plan's dtypes are the target's, never this host's CPU's
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
     plan, admission = plan_experiment(args.exp, overrides, args.module, given, target, admit=True,
-                                       say=lambda text: print(text, file=sys.stderr))  # stdout may be --json
-    model, layout = plan.model, plan.layout
-    world = given or layout.world_size
-    text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given,
-                          sizing=plan.sizing)
-    if not admission.ok:  # the launch on that device would stop at admission: the plan says so, exit 1
-        code = max(code, 1)
-    if args.json:
-        data = json.loads(text)
-        text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device,
-                           "admission": {"target": admission.target.to_dict(), "admitted": admission.ok,
-                                         "refusals": [r.line(admission.module) for r in admission.refusals]},
-                           **data},
-                          indent=2)
-    else:
-        vocabulary = [f"vocabulary        {d.value} ({d.reason})" for d in plan.derived if d.key == "vocab_size"]
-        text = "\n".join([_assumptions(world, source, args.device, admission), *vocabulary, text])
+                                      say=lambda text: print(text, file=sys.stderr))  # stdout may be --json
+    text, code = plan_report(plan, admission, args.device, args, given, source)
+    if args.build and (code == 0 or "fail:" not in text):  # a layout the plan already refuses is not built
+        text, code = _with_fake_world(args, overrides, given or plan.layout.world_size, text, code)
     print(text, file=sys.stdout)
     return code
+
+
+def _with_fake_world(args: argparse.Namespace, overrides: list[str], world: int, text: str,
+                     code: int) -> tuple[str, int]:
+    built, build_code = _fake_world(args, overrides, world)
+    if args.json:
+        data = json.loads(text)
+        data["fake_world"] = built
+        return json.dumps(data, indent=2), max(code, build_code)
+    return text + "\n" + built, max(code, build_code)
+
+
+def _fake_world(args: argparse.Namespace, overrides: list[str], world: int) -> tuple[Any, int]:
+    """``--build``: the engine's own model per pipeline stage (primus.launch.memory_check.fake_world): its
+    table (or, with --json, its rows), or the engine's refusal as a ``fail:`` line."""
+    from primus.launch.experiment import resolve
+    from primus.launch.job import plan_module, select_module
+    from primus.launch.memory_check import fake_world
+
+    resolved = resolve(args.exp, overrides)
+    from primus.plan.target import target_for
+
+    _, engine_plan = plan_module(resolved, select_module(resolved, args.module), world, target=target_for(args.device))
+    try:
+        return fake_world(engine_plan, world, as_rows=args.json), 0
+    except ConfigError as refused:  # the engine rejects the layout at this scale: the layout is wrong
+        return ({"fail": str(refused)} if args.json else f"fail: {refused}"), 1

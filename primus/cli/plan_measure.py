@@ -6,7 +6,6 @@ fails to run is kept, marked failed, and ranked last.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 import subprocess
@@ -58,5 +57,7 @@ def measure_rows(exp: str, overrides: list[str], framework: str, result, *, node
 def _median_step(path: Path | None) -> float | None:
     if path is None or not path.exists():
         return None
-    times = [json.loads(line)["step_time"] for line in path.read_text().splitlines() if line.strip()]
+    from primus.runtime.metrics import read_rows
+
+    times = [row["step_time"] for row in read_rows(path)]
     return statistics.median(times[SKIP_STEPS:]) if len(times) > SKIP_STEPS else None

@@ -147,6 +147,10 @@ def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ
             sources.append(f"${var}={from_env}")
         else:
             parts.append(1)
+    from primus.plan.search import MAX_NODES
+
+    if parts[1] > MAX_NODES:
+        raise ConfigError(f"{sources[-1]}: more than {MAX_NODES:,} nodes is not a cluster to plan for")
     if not sources:
         world = env_count("WORLD_SIZE", env)
         if world is not None:

@@ -26,6 +26,7 @@ from primus.launch.projection_check import projection_line
 from primus.runtime.sinks.trackers import tracker_sinks
 from primus.runtime.registry import get_adapter
 from primus.runtime.preemption import Preempted, StopSignal
+from primus.runtime.sample_hash import BatchDigest
 from primus.runtime.rundir import ExitCode, RunDir
 
 
@@ -84,7 +85,8 @@ def train_worker(payload: dict[str, Any]) -> int:
     ctx = RunContext(run_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                      logger=logger, reporter=reporter, resume=resume, stop=StopSignal().install(),
                      save_last_checkpoint=primus_opts.get("save_last_checkpoint", True), instruments=instruments,
-                     checkpoint_fail_on_error=(primus_opts.get("checkpoint") or {}).get("fail_on_error", False))
+                     checkpoint_fail_on_error=(primus_opts.get("checkpoint") or {}).get("fail_on_error", False),
+                     samples=BatchDigest(rank) if primus_opts.get("sample_hashes") else None)
     # AMD Primus names (primus/compat): say what each became; and what the launcher fetched from the Hub
     announce(translations_of(section), logger.info, ctx.log_derived)
     for item in section.get("localised") or []:

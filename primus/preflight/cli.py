@@ -46,17 +46,18 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
 def plan_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None,
                     target=None, *, admit: bool = False, say=None):
     """(EnginePlan, Admission or None) of one module of an experiment, planned for ``target`` (default:
-    this host's device) and, with ``admit``, its admission on it (refusals listed, not raised); ``say``
-    gets each ``differs:`` line (what the files say and what runs)."""
+    this host's device) without the engine's import where its recipe can (``primus.launch.job.describe_plan``)
+    and, with ``admit``, its admission on it (refusals listed, not raised); ``say`` gets each ``differs:`` line
+    (what the files say and what runs; the engine's own lines where the plan has its config)."""
     from primus.launch.experiment import resolve
-    from primus.launch.job import plan_module, select_module
+    from primus.launch.job import describe_plan, select_module
     from primus.plan.target import host_target
     from primus.runtime.admission import admit as admission_of
 
     resolved = resolve(path, overrides)
     module = select_module(resolved, module_name)
     target = target or host_target()
-    adapter, plan = plan_module(resolved, module, world_size, require_engine=False, target=target)
+    adapter, model, layout, plan = describe_plan(resolved, module, world_size, target=target)
     admission = admission_of(adapter, plan, target, module.translations, resolved.provenance) if admit else None
     if say is not None:
         from primus.compat.differs import lines_for
@@ -70,10 +71,11 @@ def plan_experiment(path: str, overrides: list[str], module_name: str | None, wo
     return plan, admission
 
 
+
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:
     """The worker's options dict; validated here so a typo fails before any process starts."""
     from primus.preflight.options import PreflightOptions
-    from primus.preflight.thresholds import load_thresholds
+    from primus.plan.thresholds import load_thresholds
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     options = {"report_dir": args.report_dir or f"output/preflight/{stamp}", "quick": args.quick,

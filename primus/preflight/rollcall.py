@@ -139,7 +139,7 @@ def _write_missing_nodes_report(options: dict, call: RollCall, plan) -> dict[str
     from primus.preflight.findings import fail
     from primus.preflight.options import PreflightOptions
     from primus.preflight.report import build_report, write_report
-    from primus.preflight.thresholds import load_thresholds
+    from primus.plan.thresholds import load_thresholds
 
     opts = PreflightOptions.from_dict({**options, "checks": "connectivity"})  # no rank ran: nothing else to judge
     thresholds = load_thresholds(opts.thresholds)

@@ -31,7 +31,7 @@ from primus.preflight.checks import COLLECTED, Context, module
 from primus.preflight.findings import Finding, describe_ranks, fail, info
 from primus.preflight.options import PreflightOptions
 from primus.preflight.perf import COLLECTIVE_TESTS
-from primus.preflight.thresholds import load_thresholds
+from primus.plan.thresholds import load_thresholds
 
 log = logging.getLogger("primus.preflight")
 

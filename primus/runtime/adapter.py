@@ -154,6 +154,12 @@ class Recipe(ABC):
         Pure: reads files (a checkpoint's config.json) but writes none, registers nothing into the
         engine's tables, applies no patch. What ``prepare`` will build is described, not built."""
 
+    def describe(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+                 device: str = "cpu") -> EnginePlan | None:
+        """A plan without the engine's config (no engine import: ``primus plan`` stays fast), holding the
+        model and layout the recipe can tell on its own; None where only the engine can tell."""
+        return None
+
     def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
         """What the launch of ``plan`` on ``target`` would refuse (``primus.runtime.admission``): settings
         the engine accepts but this recipe cannot run there. Empty: admitted. Asked by validate, plan,
@@ -205,6 +211,10 @@ class WrappingRecipe(Recipe):
         plan = self.base.plan(module, world_size, provenance, run_dir=run_dir, device=device)
         plan.recipe = self
         return plan
+
+    def describe(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+                 device: str = "cpu") -> EnginePlan | None:
+        return None  # the mode changes the plan: the engine's
 
     def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
         return self.base.admit(plan, target)
@@ -335,6 +345,26 @@ class BackendAdapter:
                        f"{module.prefix}.primus")
         stage = self.canonical_stage(module.stage, f"{module.prefix}.stage")
         return self.recipe(stage, module.params).plan(module, world_size, provenance, run_dir=run_dir, device=device)
+
+    def describe(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+                 device: str = "cpu") -> tuple["ModelSpec | None", "ParallelLayout | None"]:
+        """The neutral (model, layout) ``primus plan`` estimates; an adapter that can tell them without
+        importing its engine overrides this (``plan`` stays fast)."""
+        plan = self.plan(module, world_size, provenance, device=device)
+        return plan.model, plan.layout
+
+    def describe(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+                 device: str = "cpu") -> EnginePlan:
+        """``module``'s plan as ``primus plan`` needs it: its recipe's engine-free description where it has
+        one (``Recipe.describe``), else the engine's own plan."""
+        from primus.config.provenance import Provenance
+        from primus.config.schema import PrimusOptions, validate_model
+
+        validate_model(PrimusOptions, module.params.get("primus") or {}, provenance or Provenance(),
+                       f"{module.prefix}.primus")
+        stage = self.canonical_stage(module.stage, f"{module.prefix}.stage")
+        described = self.recipe(stage, module.params).describe(module, world_size, provenance, device=device)
+        return described if described is not None else self.plan(module, world_size, provenance, device=device)
 
     def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
         """What the launch of ``plan`` on ``target`` would refuse (``primus.runtime.admission``), by its recipe."""

@@ -3,7 +3,9 @@
 Backends hand in what they measured (``StepReport``); ``derive`` computes the rates once, the
 same way for everyone; ``primus.runtime.reporter.MetricsReporter`` hands the record to each sink
 on the reporting rank (``primus/runtime/sinks/``: metrics.jsonl, the ``[TRAIN]`` console line,
-TensorBoard, W&B, MLflow). A new destination is one small sink class.
+TensorBoard, W&B, MLflow). A new destination is one small sink class. A validation pass takes the
+same road (``EvalReport`` -> ``EvalMetrics``: a ``"kind": "eval"`` row in metrics.jsonl, the
+``[EVAL]`` line, ``eval/*`` scalars in TensorBoard and the trackers).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -28,6 +31,7 @@ class StepReport:
     lr: float | None = None
     grad_norm: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    sample_hash: str | None = None  # digest of the step's global batch (primus.sample_hashes)
 
 
 @dataclass
@@ -47,20 +51,86 @@ class StepMetrics:
     grad_norm: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     time: float | None = None  # when the step ended (Unix time): places it in the run's wall time (goodput)
+    sample_hash: str | None = None
 
     def scalars(self) -> dict[str, float]:
         """Every number of the record but the step and its time, flat (``extra`` keys included), for
         trackers: the same names as metrics.jsonl; fields without a value (None) are left out, not zeroed."""
         out = {key: float(value) for key, value in vars(self).items()
-               if key not in ("step", "extra", "time") and value is not None}
+               if key not in ("step", "extra", "time", "sample_hash") and value is not None}
         out.update({key: float(value) for key, value in self.extra.items() if _is_number(value)})
         return out
 
+    def row(self) -> dict[str, Any]:
+        """The metrics.jsonl record: every field (None included), ``sample_hash`` only when taken."""
+        row = dict(vars(self))  # flat fields: no deep-copying asdict()
+        if row["sample_hash"] is None:
+            del row["sample_hash"]
+        return row
+
+
+@dataclass
+class EvalReport:
+    """A validation pass at ``step``: the token-weighted mean loss over the held-out batches."""
+
+    step: int
+    loss: float
+    name: str = "valid"  # which validation set (a recipe may evaluate several)
+
+
+@dataclass
+class EvalMetrics:
+    """The uniform record of one validation pass (a ``"kind": "eval"`` row in metrics.jsonl)."""
+
+    step: int
+    loss: float
+    ppl: float  # exp(loss): the perplexity of the held-out tokens
+    name: str = "valid"
+
+    def scalars(self) -> dict[str, float]:
+        """``eval/loss``, ``eval/ppl`` (``eval/<name>/...`` for a set other than the default)."""
+        prefix = "eval" if self.name == "valid" else f"eval/{self.name}"
+        return {f"{prefix}/loss": float(self.loss), f"{prefix}/ppl": float(self.ppl)}
+
+    def row(self) -> dict[str, Any]:
+        return {"kind": "eval", "step": self.step, "loss": self.loss, "ppl": self.ppl, "name": self.name}
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss); infinite where that overflows (and NaN stays NaN)."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
+def derive_eval(report: EvalReport) -> EvalMetrics:
+    return EvalMetrics(step=report.step, loss=float(report.loss), ppl=perplexity(float(report.loss)), name=report.name)
+
+
+def format_eval_line(m: EvalMetrics) -> str:
+    """``[EVAL] step=N loss=... ppl=...``: the one formatter every backend's validation goes through."""
+    line = f"[EVAL] step={m.step} loss={m.loss:.4f} ppl={m.ppl:.4f}"
+    return line if m.name == "valid" else f"{line} set={m.name}"
+
 
 def is_step_row(row: dict[str, Any]) -> bool:
-    """metrics.jsonl holds one row per step and event rows (``{"event": kind, ...}``: a straggler
-    report, a hang, a worker's end, the goodput), which carry no loss."""
-    return "event" not in row
+    """metrics.jsonl holds one row per training step, validation passes (``"kind": "eval"``) and
+    event rows (``{"event": kind, ...}``: a straggler report, a hang, a worker's end, the goodput);
+    only step rows carry the training loss."""
+    return "event" not in row and row.get("kind", "train") == "train"
+
+
+def read_rows(path: Path, kind: str | None = "train") -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl of one ``kind`` (``train``, ``eval``; None: all), oldest first."""
+    import json
+
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if kind is None:
+        return rows
+    return [r for r in rows if is_step_row(r)] if kind == "train" else [r for r in rows if r.get("kind") == kind]
 
 
 def _is_number(value: Any) -> bool:
@@ -94,6 +164,7 @@ def derive(report: StepReport, *, world_size: int, device: str, peak_tflops: flo
         grad_norm=report.grad_norm,
         extra=dict(report.extra),
         time=time.time(),
+        sample_hash=report.sample_hash,
     )
 
 

@@ -1,19 +1,12 @@
-"""End-of-run PNG of loss and throughput per step, from metrics.jsonl; with more than one rank,
-a heat map of each rank's forward+backward time over the median, per straggler report."""
+"""End-of-run PNG of loss (and validation loss) and throughput per step, from metrics.jsonl; with
+more than one rank, a heat map of each rank's forward+backward time over the median, per straggler
+report."""
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
-from primus.runtime.metrics import is_step_row
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """Every row of metrics.jsonl: steps and events."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from primus.runtime.metrics import is_step_row, read_rows
 
 
 def rank_heat(events: list[dict], phase: str = "compute") -> tuple[list[list[float]], list[int]]:
@@ -34,8 +27,9 @@ def rank_heat(events: list[dict], phase: str = "compute") -> tuple[list[list[flo
 def plot_metrics(run_dir: Path) -> Path | None:
     from primus.runtime.rundir import RunDir
 
-    everything = read_metrics(RunDir(run_dir).metrics)
+    everything = read_rows(RunDir(run_dir).metrics, kind=None)
     rows = [r for r in everything if is_step_row(r)]
+    evals = [r for r in everything if r.get("kind") == "eval" and r.get("name", "valid") == "valid"]
     if not rows:
         return None
     import matplotlib
@@ -48,7 +42,11 @@ def plot_metrics(run_dir: Path) -> Path | None:
     fig, axes = plt.subplots(panels, 1, figsize=(7, 3 * panels))
     loss_ax, speed_ax = axes[0], axes[1]
     steps = [r["step"] for r in rows]
-    loss_ax.plot(steps, [r["loss"] for r in rows], marker="o", markersize=3)
+    loss_ax.plot(steps, [r["loss"] for r in rows], marker="o", markersize=3, label="train")
+    if evals:
+        loss_ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], marker="s", markersize=4,
+                     color="tab:orange", label="validation")
+        loss_ax.legend()
     loss_ax.set_ylabel("loss")
     loss_ax.grid(alpha=0.3)
     use_tokens = all(r.get("tokens_per_sec") for r in rows)

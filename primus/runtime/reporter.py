@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from primus.runtime.metrics import StepMetrics, StepReport, derive
+from primus.runtime.metrics import EvalMetrics, EvalReport, StepMetrics, StepReport, derive, derive_eval
 from primus.runtime.rundir import RunDir
 from primus.runtime.sinks import MetricSink
 from primus.runtime.sinks.console import ConsoleSink
@@ -40,6 +40,12 @@ class MetricsReporter:
             metrics.extra.update(self.averages.update(metrics))
         for sink in self.sinks:
             sink.write(metrics)
+        return metrics
+
+    def report_eval(self, report: EvalReport) -> EvalMetrics:
+        metrics = derive_eval(report)
+        for sink in self.sinks:
+            sink.write_eval(metrics)
         return metrics
 
     def event(self, record: dict[str, Any]) -> None:

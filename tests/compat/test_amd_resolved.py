@@ -24,8 +24,6 @@ AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Pr
 
 # Where Primus runs something else, and says so in a differs: line (docs/compat.md, "What differs").
 ANNOUNCED = {
-    # AMD's module presets say cyclic; Primus's Megatron backend reads Megatron-LM's sequential order
-    "dataloader_type": "differs: dataloader_type=cyclic → dataloader_type=single runs",
     # Megatron-LM refuses layers that do not divide over the stages (Llama 3.1 405B, Kimi-K2 on PP 8);
     # here a split is derived; or the MTP layer is placed on the last stage
     "pipeline_model_parallel_layout": "differs: pipeline_model_parallel_layout=",

@@ -8,8 +8,6 @@ from primus.cli.main import main
 EXPECTED = [
     # AMD Primus drops norm_epsilon (not a Megatron-LM dest): Megatron-LM's default runs, there as here
     "differs: norm_epsilon=1e-06 → layernorm_epsilon=1e-05 runs (AMD Primus drops norm_epsilon",
-    # AMD's pre_trainer.yaml says cyclic; the Megatron backend reads in Megatron-LM's sequential order
-    "differs: dataloader_type=cyclic → dataloader_type=single runs",
     # AMD's model presets turn sequence parallelism on; Megatron-LM turns it off at TP 1
     "differs: sequence_parallel=true → sequence_parallel=false runs (tensor_model_parallel_size is 1",
     # 10 layers on 4 stages: a split is derived

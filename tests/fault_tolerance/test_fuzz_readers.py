@@ -133,7 +133,7 @@ def test_world_size_options(nproc, nnodes, env):
 @given(timeout=values, thresholds=documents, report=st.text(max_size=20).filter(lambda v: "\x00" not in v))
 def test_preflight_options(timeout, thresholds, report, tmp_path_factory):
     from primus.preflight.options import PreflightOptions
-    from primus.preflight.thresholds import load_thresholds
+    from primus.plan.thresholds import load_thresholds
 
     folder = tmp_path_factory.mktemp("pre")
     path = folder / "t.yaml"

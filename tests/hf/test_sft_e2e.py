@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT
-from tests.helpers import read_metrics
+from tests.helpers import read_evals, read_metrics
 
 pytestmark = [pytest.mark.e2e]
 MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-sft.yaml"
@@ -73,8 +73,9 @@ def test_tiny_sft_trains_from_the_hf_checkpoint_and_exports_a_model_that_generat
     assert f"Hugging Face checkpoint {hf_dir}" in info
     losses = _losses(run_dir)
     assert len(losses) == 30 and min(losses[-5:]) < 0.5 * losses[0], losses
-    evals = [float(line.rsplit("loss=", 1)[1]) for line in info.splitlines() if "[EVAL] step=" in line]
+    evals = [row["loss"] for row in read_evals(run_dir)]  # validation through the metrics path
     assert len(evals) >= 3 and evals[-1] < 0.6 * evals[0], evals
+    assert info.count("[EVAL] step=") == len(evals)
 
     out = tmp_path / "hf"
     exported = run_primus("export", run_dir, "--to", "hf", out)

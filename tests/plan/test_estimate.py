@@ -7,7 +7,7 @@ import pytest
 
 from primus.config.errors import ConfigError
 from primus.plan.model import ModelSpec
-from primus.cli.plan import run_plan
+from primus.cli.plan_report import run_plan
 from primus.plan.estimate import GIB, device_memory_bytes, estimate_flops, estimate_memory, estimate_params, make_plan
 from primus.plan.layout import ParallelLayout, check_layout
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from primus.backends.megatron.plan import model_from_args, resolved_args
-from primus.cli.plan import run_plan
+from primus.cli.plan_report import run_plan
 from primus.plan.estimate import estimate_memory, estimate_params
 from primus.plan.flops import dense_decoder_flops_per_token, flops_per_token
 from primus.plan.layout import ParallelLayout, check_layout

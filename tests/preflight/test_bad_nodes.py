@@ -14,7 +14,7 @@ from primus.preflight.options import PreflightOptions
 from primus.preflight.perf.pairwise import bisect_rounds, first_round, run_pairwise
 from primus.preflight.report import build_report
 from primus.preflight.report.markdown import render_markdown
-from primus.preflight.thresholds import load_thresholds
+from primus.plan.thresholds import load_thresholds
 from tests.preflight.test_report_scale import _pdf_text
 
 

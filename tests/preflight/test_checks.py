@@ -9,7 +9,7 @@ from primus.preflight.options import PreflightOptions, parse_size
 from primus.preflight.perf.collectives import bandwidths, bus_factor, combine
 from primus.preflight.perf.stragglers import find_stragglers
 from primus.preflight.rendezvous import name_missing
-from primus.preflight.thresholds import load_thresholds
+from primus.plan.thresholds import load_thresholds
 
 T = load_thresholds()
 

@@ -13,7 +13,7 @@ from primus.preflight.options import PreflightOptions
 from primus.preflight.report import build_report
 from primus.preflight.report.markdown import render_markdown
 from primus.preflight.report.tables import MAX_ROWS
-from primus.preflight.thresholds import load_thresholds
+from primus.plan.thresholds import load_thresholds
 
 HOSTS, PER_HOST = 64, 8
 TOPOLOGY = "        GPU0   GPU1\nGPU0   0      XGMI\nGPU1   XGMI   0"

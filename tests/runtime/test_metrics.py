@@ -1,3 +1,4 @@
+import importlib.util
 import json
 
 import pytest
@@ -127,3 +128,41 @@ def test_a_non_finite_loss_stops_the_run_after_it_is_recorded(tmp_path, loss):
     ctx.reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None,
                                    enable_tensorboard=False)
     ctx.report_step(StepReport(step=3, loss=loss, step_time_s=0.1, samples=1))  # asked to continue
+
+
+def test_a_validation_pass_takes_the_metrics_path(tmp_path, caplog):
+    """One [EVAL] formatter; a "kind": "eval" row in metrics.jsonl; eval/* scalars in TensorBoard."""
+    import logging
+    import math
+
+    from primus.runtime.metrics import EvalReport, is_step_row
+
+    reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None,
+                               enable_tensorboard=importlib.util.find_spec("tensorboard") is not None)
+    with caplog.at_level(logging.INFO, logger="primus.metrics"):
+        reporter.report(StepReport(step=1, loss=3.0, step_time_s=0.1, samples=4))
+        reporter.report_eval(EvalReport(step=1, loss=2.0))
+        reporter.report_eval(EvalReport(step=1, loss=800.0, name="squad"))
+    reporter.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [is_step_row(r) for r in rows] == [True, False, False]
+    assert rows[1] == {"kind": "eval", "step": 1, "loss": 2.0, "ppl": pytest.approx(math.exp(2.0)), "name": "valid"}
+    assert rows[2]["ppl"] == math.inf  # exp overflows: infinite, not an error
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[EVAL]")]
+    assert lines == ["[EVAL] step=1 loss=2.0000 ppl=7.3891", "[EVAL] step=1 loss=800.0000 ppl=inf set=squad"]
+    if importlib.util.find_spec("tensorboard") is not None:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(tmp_path / "tensorboard"))
+        events.Reload()
+        assert {"eval/loss", "eval/ppl", "eval/squad/loss", "train/loss"} <= set(events.Tags()["scalars"])
+        assert [(e.step, e.value) for e in events.Scalars("eval/loss")] == [(1, 2.0)]
+
+
+def test_sample_hash_is_in_the_row_only_when_taken(tmp_path):
+    reporter = MetricsReporter(tmp_path, rank=0, world_size=1, device="cpu", peak_tflops=None, enable_tensorboard=False)
+    reporter.report(StepReport(step=1, loss=3.0, step_time_s=0.1, samples=4))
+    reporter.report(StepReport(step=2, loss=3.0, step_time_s=0.1, samples=4, sample_hash="0123abcd"))
+    reporter.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "sample_hash" not in rows[0] and rows[1]["sample_hash"] == "0123abcd"

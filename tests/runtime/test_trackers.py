@@ -2,13 +2,13 @@
 with their own formats/clients; settings from Megatron-LM / AMD Primus keys and logging blocks."""
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
 import yaml
 
-from primus.runtime.metrics import StepReport
-
+from primus.runtime.metrics import EvalReport, StepReport
 from primus.runtime.reporter import MetricsReporter
 from primus.runtime.sinks.trackers import mlflow_settings, tracker_sinks, wandb_settings
 from tests.helpers import ROOT
@@ -58,16 +58,21 @@ def _report_steps(tmp_path, tree, status="completed"):
     for step in (1, 2, 3):
         reporter.report(StepReport(step=step, loss=4.0 - step, step_time_s=0.5, samples=4, tokens=512, flops=1e12,
                                    lr=1e-3, extra={"load_balancing_loss": 0.01 * step}))
+        if step == 2:
+            reporter.report_eval(EvalReport(step=2, loss=1.5))  # a validation pass after step 2
     reporter.close(status)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    return sinks, {r["step"]: r for r in rows}
+    return sinks, {r["step"]: r for r in rows if r.get("kind") != "eval"}
 
 
 def _same_numbers(history, jsonl_rows):
+    """Every metrics.jsonl number under its name at its step; the validation pass as eval/loss, eval/ppl."""
     assert sorted(history) == sorted(jsonl_rows)
     for step, row in jsonl_rows.items():
         expected = {k: v for k, v in row.items() if k not in ("step", "extra", "time") and v is not None}
         expected.update(row["extra"])
+        if step == 2:
+            expected.update({"eval/loss": 1.5, "eval/ppl": math.exp(1.5)})
         assert history[step] == pytest.approx(expected), step
 
 
@@ -129,7 +134,7 @@ def test_a_tracker_that_breaks_mid_run_is_dropped_with_one_warning(tmp_path, cap
     class Flaky(TrackerSink):
         label, calls = "Flaky", 0
 
-        def log(self, metrics):
+        def log(self, step, scalars):
             self.calls += 1
             raise ConnectionError("server went away")
 

@@ -119,6 +119,16 @@ def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, mic
     return out
 
 
+def sample_positions(*, consumed_samples: int, global_batch_size: int, micro_batch_size: int, dp_rank: int,
+                     dp_size: int) -> list[list[int]]:
+    """Where this rank's micro-batch rows stand in the run's stream of samples (``micro_batches``'
+    order): in the sequential order the same positions hold the same samples whatever the
+    data-parallel size (primus.sample_hashes keys them so)."""
+    step = micro_batch_size * dp_size
+    return [[start + dp_rank * micro_batch_size + k for k in range(micro_batch_size)]
+            for start in range(consumed_samples, consumed_samples + global_batch_size, step)]
+
+
 def cyclic_indices(position: int, *, total: int, micro_batch_size: int, dp_rank: int, dp_size: int,
                    data_sharding: bool = True) -> list[int]:
     """The micro-batch DP rank ``dp_rank`` reads once ``position`` samples are consumed (a multiple of

@@ -39,7 +39,7 @@ def _ddp_config_kwargs(args: MegatronArgs) -> dict:
     kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(DistributedDataParallelConfig)
               if f.name in type(args).model_fields}
     kwargs.update(grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-                  check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+                  check_for_nan_in_grad=False,  # the trainer checks the step's values (check_for_nan_in_loss_and_grad)
                   check_for_large_grads=args.check_for_large_grads, bucket_size=args.ddp_bucket_size,
                   pad_buckets_for_high_nccl_busbw=args.ddp_pad_buckets_for_high_nccl_busbw,
                   reduce_scatter_with_fp32_accumulation=args.ddp_reduce_scatter_with_fp32_accumulation,

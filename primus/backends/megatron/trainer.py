@@ -6,6 +6,7 @@ optimizer step and the LR scheduler step (counted in samples, as Megatron-LM doe
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from functools import partial
@@ -13,13 +14,14 @@ from pathlib import Path
 
 from primus.backends.megatron import checkpoint as ckpt
 from primus.backends.megatron.arguments import MegatronArgs
-from primus.backends.megatron.data import build_datasets, micro_batches
+from primus.backends.megatron.data import build_datasets, micro_batches, sample_positions
 from primus.backends.megatron.model import (
     Derived,
     build_model,
     build_optimizer,
     build_scheduler,
     padded_vocab_size,
+    parallel_sizes,
     transformer_config,
     use_transformer_engine,
     wrap_float16,
@@ -30,17 +32,12 @@ from primus.backends.megatron.saving import CheckpointSaver
 from primus.backends.megatron.tokenizers import build_tokenizer
 from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.admission import check_arguments
-from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
+from primus.backends.megatron.validate_args import check_parallel_layout
 from primus.config.errors import ConfigError
 from primus.plan.target import Target, host_target
 from primus.runtime.admission import Admission
-from primus.runtime.context import NonFiniteLoss
-from primus.runtime.metrics import StepReport
+from primus.runtime.metrics import EvalReport, StepReport
 from primus.runtime.phases import timed_iterator
-
-# megatron-core's DDP grad check (check_for_nan_in_grad) fails with these words in a RuntimeError.
-_NON_FINITE_GRAD = ("found NaN in local grad norm", "found Inf in local grad norm")
-
 
 def _init_process_group(ctx) -> bool:
     """Join the process group the launcher described in env vars; True if we created it."""
@@ -167,15 +164,7 @@ class MegatronTrainer:
             "global_batch_size / (micro_batch_size x data-parallel size)")
         derived.set("data_parallel_size", self.dp, "world size / (tensor x pipeline x context parallel)")
 
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=args.tensor_model_parallel_size,
-            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=virtual_pipeline_size(args),
-            context_parallel_size=args.context_parallel_size,
-            hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
-            expert_model_parallel_size=args.expert_model_parallel_size,
-            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
-        )
+        parallel_state.initialize_model_parallel(**parallel_sizes(args))
         # Schedules read the micro-batch count from this global calculator.
         init_num_microbatches_calculator(ctx.rank, None, self.gbs, args.micro_batch_size, self.dp)
         # Megatron-LM's rerun machine re-runs steps from its own loop; here it only validates (disabled mode)
@@ -292,11 +281,14 @@ class MegatronTrainer:
             config.param_sync_func = sync[0] if len(sync) == 1 else sync
 
     def _batches(self, dataset, consumed: int):
-        return timed_iterator(micro_batches(dataset, consumed_samples=consumed, global_batch_size=self.gbs,
-                                            micro_batch_size=self.args.micro_batch_size, dp_rank=self.dp_rank,
-                                            dp_size=self.dp, device=self.device,
-                                            cyclic=self.args.dataloader_type == "cyclic",
-                                            data_sharding=self.args.data_sharding), self.ctx.phase("data"))
+        layout = dict(consumed_samples=consumed, global_batch_size=self.gbs, micro_batch_size=self.args.micro_batch_size,
+                      dp_rank=self.dp_rank, dp_size=self.dp)
+        batches = micro_batches(dataset, device=self.device, cyclic=self.args.dataloader_type == "cyclic",
+                                data_sharding=self.args.data_sharding, **layout)
+        if self.ctx.samples is not None and dataset is self.train_ds:  # primus.sample_hashes
+            for positions, batch in zip(sample_positions(**layout), batches):
+                self.ctx.samples.add(batch["tokens"], keys=positions)
+        return timed_iterator(batches, self.ctx.phase("data"))
 
     def _data_iterator(self, dataset, consumed: int):
         # Interleaved schedules take one iterator per model chunk; each chunk sees the same batches.
@@ -323,24 +315,26 @@ class MegatronTrainer:
         The LR is read before the scheduler advances: Megatron-LM logs the one after (the next
         step's), TorchTitan the one applied; Primus reports the applied one for every backend.
         Extras: the MoE router's and MTP's auxiliary losses, as Megatron-LM logs them.
+
+        ``check_for_nan_in_loss_and_grad`` reads the step's own values: a non-finite global loss
+        skips the update (``RunContext.report_step`` then stops the run), a non-finite grad norm
+        stops it after the update and before any checkpoint of that state.
         """
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
-        try:
-            with self.ctx.phase("compute"):
-                losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
-        except RuntimeError as exc:  # megatron-core DDP's check_for_nan_in_grad, before any update
-            if any(words in str(exc) for words in _NON_FINITE_GRAD):
-                raise NonFiniteLoss(self.iteration + 1, float("nan")) from None
-            raise
+        with self.ctx.phase("compute"):
+            losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+        loss = _global_loss(losses, self.device)
+        if self.ctx.stop_on_non_finite_loss and not math.isfinite(loss):
+            return loss, None, lr, {}
         with self.ctx.phase("optimizer"):
             update_ok, grad_norm, _ = self.optimizer.step()
             if update_ok:
                 self.scheduler.step(increment=self.gbs)
         extra = aux_loss_metrics(self.config, self.num_microbatches)
-        return _global_loss(losses, self.device), (float(grad_norm) if grad_norm is not None else None), lr, extra
+        return loss, (float(grad_norm) if grad_norm is not None else None), lr, extra
 
     def evaluate(self) -> float:
         with self.ctx.phase("eval"):
@@ -379,7 +373,7 @@ class MegatronTrainer:
                 lr=lr, grad_norm=grad_norm, extra=extra,
             ))
             if args.eval_interval and args.eval_iters and self.iteration % args.eval_interval == 0 and self.valid_ds:
-                ctx.logger.info("[EVAL] step=%d loss=%.4f", self.iteration, self.evaluate())
+                ctx.report_eval(EvalReport(step=self.iteration, loss=self.evaluate()))
             if args.save_interval and self.iteration % args.save_interval == 0:
                 self.save()
                 last_saved = self.iteration

@@ -4,10 +4,12 @@ TorchTitan builds every component from a ``Configurable.Config`` whose ``_owner`
 construct, and its own experiments subclass ``Trainer``, ``MetricsProcessor`` and the checkpoint
 managers (the managers document ``_should_save`` as the hook to override). So:
 
-- ``PrimusMetricsProcessor.log`` keeps the step's global loss, grad norm and LR;
+- ``PrimusMetricsProcessor.log`` keeps the step's global loss, grad norm and LR, and its
+  ``log_validation`` hands each validation loss to ``RunContext.report_eval``;
 - ``PrimusTrainer.train_step`` times the step and reports it (``RunContext.report_step``), with the
-  loss of the last pipeline stage, the MoE load balance and TorchTitan's own non-finite-loss stop
-  made uniform (``steps.py``);
+  loss of the last pipeline stage and the MoE load balance made uniform, and
+  ``PrimusTrainer.forward_backward_step`` stops on a non-finite step loss before the update, read
+  from the values as every backend does (``steps.py``);
 - a stop request (SIGTERM) makes ``PrimusCheckpointManager`` save this step whatever the interval,
   and ``PrimusTrainer.should_continue_training`` end the loop after it;
 - the step's phases (``RunContext.phase``: data wait, forward+backward, optimizer, checkpoint,
@@ -19,6 +21,7 @@ managers (the managers document ``_should_save`` as the hook to override). So:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from contextlib import nullcontext
@@ -31,10 +34,9 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from primus.backends.torchtitan.checkpoint_failures import SaveFailures
-from primus.backends.torchtitan.steps import ExpertLoad, engine_non_finite_loss, global_loss
-from primus.runtime.checkpoints import check_model_matches, gathered
-from primus.runtime.checkpoints import save_errors
-from primus.runtime.metrics import StepReport
+from primus.backends.torchtitan.steps import ExpertLoad, StepLoss, batch_rank, global_loss
+from primus.runtime.checkpoints import check_model_matches, gathered, save_errors
+from primus.runtime.metrics import EvalReport, StepReport
 from primus.runtime.phases import timed_iterator
 
 
@@ -47,6 +49,14 @@ class PrimusMetricsProcessor(MetricsProcessor):
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
         pass
+
+    primus_ctx: Any = None  # the RunContext, set by PrimusTrainer.attach
+
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None) -> None:
+        """TorchTitan's validator hands its global loss here: Primus records it like a step."""
+        if self.primus_ctx is not None:
+            self.primus_ctx.report_eval(EvalReport(step=step, loss=float(loss)))
+        super().log_validation(loss, step, extra_metrics)
 
     def log(self, step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
             extra_metrics: dict[str, Any] | None = None) -> None:
@@ -121,20 +131,23 @@ class PrimusTrainer(Trainer):
     ctx: Any = None
     flops_per_token: float | None = None
     stopping = False
+    step_start = 0.0  # when the current train_step began (perf_counter)
 
     def attach(self, ctx: Any, flops_per_token: float | None) -> None:
         self.ctx, self.flops_per_token = ctx, flops_per_token
         self.expert_load = ExpertLoad(self.model_parts)
+        self.step_loss = StepLoss(self)
+        if isinstance(self.metrics_processor, PrimusMetricsProcessor):
+            self.metrics_processor.primus_ctx = ctx
         if isinstance(self.checkpointer, PrimusCheckpointManager) and self.checkpointer.enable:
             self.checkpointer.failures = SaveFailures(self.checkpointer.folder, ctx)
         time_phases(self, ctx)
 
     def batch_generator(self, data_iterable: Any) -> Any:
-        return timed_iterator(super().batch_generator(data_iterable), self.ctx.phase("data"))
-
-    def forward_backward_step(self, **kwargs: Any) -> Any:
-        with self.ctx.phase("compute"):
-            return super().forward_backward_step(**kwargs)
+        batches = timed_iterator(super().batch_generator(data_iterable), self.ctx.phase("data"))
+        if self.ctx.samples is None:
+            return batches
+        return self.ctx.samples.recorded(batches, rows=lambda batch: batch[0]["input"], group_rank=batch_rank(self))
 
     @property
     def tokens_per_step(self) -> int:
@@ -144,19 +157,22 @@ class PrimusTrainer(Trainer):
         dp = self.parallel_dims.dp_replicate * self.parallel_dims.dp_shard
         return training.local_batch_size * dp * training.seq_len
 
+    def forward_backward_step(self, **kwargs: Any) -> Any:
+        with self.ctx.phase("compute"):
+            loss = super().forward_backward_step(**kwargs)
+        if self.ctx is not None and self.ctx.stop_on_non_finite_loss:
+            value = self.step_loss.add(loss)
+            if value is not None and not math.isfinite(value):  # the step is recorded, then NonFiniteLoss
+                tokens = self.tokens_per_step
+                self.ctx.report_step(StepReport(step=self.step, loss=value, samples=tokens // self.config.training.seq_len,
+                                                step_time_s=time.perf_counter() - self.step_start, tokens=tokens))
+        return loss
+
     def train_step(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = self.step_start = time.perf_counter()
         tokens = self.tokens_per_step
         samples = tokens // self.config.training.seq_len
-        try:
-            result = super().train_step(*args, **kwargs)
-        except RuntimeError as error:  # TorchTitan's own stop on a non-finite loss, before it logs the step:
-            loss = engine_non_finite_loss(error)  # record it and end as every backend does (NonFiniteLoss)
-            if loss is None:
-                raise
-            self.ctx.report_step(StepReport(step=self.step, loss=loss, step_time_s=time.perf_counter() - start,
-                                            samples=samples, tokens=tokens))
-            raise
+        result = super().train_step(*args, **kwargs)
         elapsed = time.perf_counter() - start
         step = getattr(self.metrics_processor, "primus_step", None)
         if step is not None:

@@ -3,25 +3,47 @@
 - With pipeline parallelism only the last stage computes the loss; TorchTitan logs -1 on the
   other stages. ``global_loss`` gives every rank the real value (Primus reports it on rank 0,
   and stops every rank on a non-finite loss).
-- TorchTitan stops on a non-finite loss itself, before logging the step; ``engine_non_finite_loss``
-  lets the step be recorded and the run end as on every backend (``NonFiniteLoss``).
+- TorchTitan stops on a non-finite loss itself, after the optimizer step and before logging the
+  step. ``StepLoss`` sums the step's micro-batch losses as TorchTitan does, before the optimizer
+  step, so a non-finite loss is recorded and ends the run as on every backend (``NonFiniteLoss``),
+  from the values, before the update.
 - TorchTitan 0.3.0's MoE has no auxiliary loss: it balances experts with a per-expert routing
   bias (auxiliary-loss-free, DeepSeek-V3). What it achieves is worth watching, so
   ``ExpertLoad`` reports the routed-token imbalance of each step.
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
-# trainer.py (0.3.0) raises this after the optimizer step and before logging or checkpointing it.
-_ENGINE_NON_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=([^)]+)\) at step (\d+)")
 
+class StepLoss:
+    """The step's global loss from its micro-batch losses, known to every rank as the last
+    gradient-accumulation group's backward ends (before the optimizer step).
 
-def engine_non_finite_loss(error: BaseException) -> float | None:
-    """The loss in TorchTitan's own "Loss is not finite" stop, or None for any other error."""
-    match = _ENGINE_NON_FINITE.search(str(error)) if isinstance(error, RuntimeError) else None
-    return float(match.group(1)) if match else None
+    Each ``forward_backward_step`` returns this rank's loss sum over the global valid tokens;
+    their sum over the loss mesh (data x context parallel) is the step's mean loss, as TorchTitan
+    computes it for its log (``Trainer.train_step``)."""
+
+    def __init__(self, trainer: Any):
+        self.trainer, self.parts = trainer, []
+
+    def add(self, loss: Any) -> float | None:
+        """Take one group's loss; after the step's last group, the global loss (a collective)."""
+        self.parts.append(loss.detach())
+        if len(self.parts) < self.trainer.gradient_accumulation_steps:
+            return None
+        total, self.parts = self.parts[0].clone(), self.parts[1:]
+        for part in self.parts:
+            total.add_(part)
+        self.parts = []
+        dims = self.trainer.parallel_dims
+        if dims.dp_cp_enabled:
+            from torchtitan.distributed import utils as dist_utils
+
+            value = dist_utils.dist_sum(total, dims.get_optional_mesh("loss"))
+        else:
+            value = float(total.item())
+        return global_loss(self.trainer, value)
 
 
 def global_loss(trainer: Any, loss: float) -> float:
@@ -37,6 +59,13 @@ def global_loss(trainer: Any, loss: float) -> float:
     value = torch.tensor([loss if trainer.pp_has_last_stage else 0.0], dtype=torch.float64)
     dist.all_reduce(value, group=dims.get_mesh("pp").get_group())
     return float(value.item())
+
+
+def batch_rank(trainer: Any) -> int:
+    """This rank's place among the ranks that load different batches (TorchTitan's ``batch`` mesh, as
+    its trainer hands ``dp_rank`` to the dataloader)."""
+    dims = trainer.parallel_dims
+    return dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
 
 
 class ExpertLoad:

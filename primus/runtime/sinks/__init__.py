@@ -1,22 +1,26 @@
 """Where a step's metrics go: one small class per destination.
 
 ``MetricsReporter`` (``primus/runtime/reporter.py``, which also picks the standard ones) derives a
-step once and calls ``write`` on each sink of the reporting rank, ``event`` for what is not a step;
-``close`` is called once at the end with how the run ended. The standard sinks (metrics.jsonl, the
-console's ``[TRAIN]`` line, TensorBoard) fail loudly; experiment trackers (``trackers.py``: W&B,
-MLflow) never fail a run.
+step once and calls ``write`` on each sink of the reporting rank, ``write_eval`` for each validation
+pass and ``event`` for what is neither; ``close`` is called once at the end with how the run ended.
+The standard sinks (metrics.jsonl, the console's ``[TRAIN]`` line, TensorBoard) fail loudly;
+experiment trackers (``trackers.py``: W&B, MLflow) never fail a run.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from primus.runtime.metrics import StepMetrics
+from primus.runtime.metrics import EvalMetrics, StepMetrics
 
 
 class MetricSink(ABC):
     @abstractmethod
     def write(self, metrics: StepMetrics) -> None:
         """Record one step."""
+
+    @abstractmethod
+    def write_eval(self, metrics: EvalMetrics) -> None:
+        """Record one validation pass."""
 
     def event(self, record: dict) -> None:
         """Record an event that is not a step (``{"event": kind, ...}``: a straggler, a worker's end);

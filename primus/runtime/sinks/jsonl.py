@@ -1,11 +1,12 @@
-"""metrics.jsonl: one JSON object per step, and events (``{"event": kind, ...}``), flushed: the run's record of truth."""
+"""metrics.jsonl: one JSON object per step, per validation pass (``"kind": "eval"``) and per
+event (``{"event": kind, ...}``), flushed: the run's record of truth."""
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
 
-from primus.runtime.metrics import StepMetrics
+from primus.runtime.metrics import EvalMetrics, StepMetrics
 from primus.runtime.rundir import reopen_if_deleted
 from primus.runtime.sinks import MetricSink
 
@@ -16,14 +17,18 @@ class JsonlSink(MetricSink):
         self._file = path.open("a", encoding="utf-8")
 
     def write(self, metrics: StepMetrics) -> None:
+        self._append(metrics.row())
+
+    def write_eval(self, metrics: EvalMetrics) -> None:
+        self._append(metrics.row())
+
+    def _append(self, row: dict) -> None:
         self._file = reopen_if_deleted(self._file, self.path, _warn_reopened)
-        self._file.write(json.dumps(vars(metrics)) + "\n")  # flat fields: no deep-copying asdict()
+        self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
     def event(self, record: dict) -> None:
-        self._file = reopen_if_deleted(self._file, self.path, _warn_reopened)
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        self._append(record)
 
     def close(self, status: str = "completed") -> None:
         self._file.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from primus.runtime.metrics import StepMetrics
 from primus.runtime.rundir import RunDir
 from primus.runtime.sinks.trackers import MlflowSettings, TrackerSink
 
@@ -52,12 +51,12 @@ class MlflowSink(TrackerSink):
         client.log_dict(run.info.run_id, config, RunDir.CONFIG)
         return cls(client, run.info.run_id, settings, Metric)
 
-    def log(self, metrics: StepMetrics) -> None:
+    def log(self, step: int, scalars: dict[str, float]) -> None:
         import time
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[self.metric_cls(key, value, now, metrics.step)
-                                                    for key, value in metrics.scalars().items()])
+        self.client.log_batch(self.run_id, metrics=[self.metric_cls(key, value, now, step)
+                                                    for key, value in scalars.items()])
 
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=_STATUS.get(status, "FAILED"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from primus.runtime.metrics import StepMetrics
+from primus.runtime.metrics import EvalMetrics, StepMetrics
 from primus.runtime.sinks import MetricSink
 
 logger = logging.getLogger("primus.metrics")
@@ -18,9 +18,14 @@ class TensorBoardSink(MetricSink):
         self.writer, self.summary_cls = writer, summary_cls
 
     def write(self, metrics: StepMetrics) -> None:
-        values = [self.summary_cls.Value(tag=f"train/{key}", simple_value=value)
-                  for key, value in metrics.scalars().items()]
-        self.writer.file_writer.add_summary(self.summary_cls(value=values), metrics.step)
+        self._add({f"train/{key}": value for key, value in metrics.scalars().items()}, metrics.step)
+
+    def write_eval(self, metrics: EvalMetrics) -> None:
+        self._add(metrics.scalars(), metrics.step)  # eval/loss, eval/ppl
+
+    def _add(self, scalars: dict[str, float], step: int) -> None:
+        values = [self.summary_cls.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+        self.writer.file_writer.add_summary(self.summary_cls(value=values), step)
 
     def close(self, status: str = "completed") -> None:
         self.writer.close()

@@ -126,7 +126,11 @@ class TrackerSink(MetricSink):
 
     def write(self, metrics) -> None:
         if not self.failed:
-            self._guard(self.log, metrics)
+            self._guard(self.log, metrics.step, metrics.scalars())
+
+    def write_eval(self, metrics) -> None:
+        if not self.failed:
+            self._guard(self.log, metrics.step, metrics.scalars())  # eval/loss, eval/ppl
 
     def close(self, status: str = "completed") -> None:
         self._guard(self.finish, status)
@@ -139,7 +143,8 @@ class TrackerSink(MetricSink):
                 logger.warning("%s stopped logging: %s: %s; training continues", self.label, type(exc).__name__, exc)
             self.failed = True
 
-    def log(self, metrics) -> None:
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        """Record ``scalars`` at ``step`` (a training step's numbers, or a validation pass's ``eval/*``)."""
         raise NotImplementedError
 
     def finish(self, status: str) -> None:

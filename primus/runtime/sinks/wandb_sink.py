@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from primus.runtime.metrics import StepMetrics
 from primus.runtime.rundir import ExitCode
 from primus.runtime.sinks.trackers import TrackerSink, WandbSettings
 
@@ -32,8 +31,8 @@ class WandbSink(TrackerSink):
                          settings=wandb.Settings(console="off", silent=True))
         return cls(run, settings)
 
-    def log(self, metrics: StepMetrics) -> None:
-        self.run.log(metrics.scalars(), step=metrics.step)
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self.run.log(scalars, step=step)
 
     def finish(self, status: str) -> None:
         import wandb

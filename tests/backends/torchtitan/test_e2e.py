@@ -130,17 +130,19 @@ def test_two_pipeline_stages(run_primus, workspace):
 
 
 def test_a_non_finite_loss_stops_the_run_before_its_checkpoint(run_primus, workspace):
-    """TorchTitan stops on a non-finite loss inside train_step, after the optimizer step and before the
-    step's checkpoint save; Primus records that step and ends the run with one line (exit 1)."""
+    """Primus reads the step's loss as its last backward ends (before TorchTitan's optimizer step) and its
+    grad norm after it; the first non-finite one is recorded and ends the run with one line (exit 1), before
+    that step's checkpoint."""
     result = run_primus("train", TINY_EXAMPLE, "exp_name=nan", "optimizer.lr=1.0e+6", "training.steps=8",
                         "checkpoint.interval=1")
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "non-finite loss (" in lines[0], result.stderr
+    assert len(lines) == 1 and re.search(r"non-finite (loss|grad norm) \(", lines[0]), result.stderr
     run_dir = _run_dir(workspace, "nan")
     rows = _metrics(run_dir)
     bad = rows[-1]["step"]
-    assert not math.isfinite(rows[-1]["loss"]) and all(math.isfinite(r["loss"]) for r in rows[:-1])
+    assert not (math.isfinite(rows[-1]["loss"]) and math.isfinite(rows[-1]["grad_norm"] or 0.0))
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows[:-1])
     assert f"at step {bad}" in lines[0]
     saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").iterdir())
     assert saved == list(range(1, bad))  # every step before it, none of the NaN state

@@ -90,7 +90,7 @@ class MegatronRecipe(Recipe):
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
         vocab, vocab_source = plan_vocab(args)  # a plan never needs the tokenizer's files: they may be elsewhere
-        model, layout = describe(args, module.params.get("model"), world_size, vocab_size=vocab)
+        model, layout = describe(args, module.params.get("model"), world_size, device, vocab_size=vocab)
         if not args.vocab_size:
             derived.append(("vocab_size", vocab or "unknown", f"{vocab_source}; the run reads the tokenizer"
                             if vocab else f"{vocab_source}: the plan counts no embedding or output layer"))
@@ -111,9 +111,11 @@ class MegatronRecipe(Recipe):
         check_post_training_inputs(plan, provenance=provenance)  # HF tensors vs the model, instruction files
         from primus.backends.megatron.data import DATA_KEYS, data_prefixes
         from primus.backends.megatron.tokenizers import files_of
+        from primus.backends.megatron.validate_args import require_data_source
         from primus.compat.hub import is_hub_id
 
         args, prefix = plan.engine_config, plan.module.prefix
+        require_data_source(args, plan.module.name)  # a launch reads data; a plan needs none
         # a Hub id (a HuggingFaceTokenizer's tokenizer_model) is fetched by prepare
         checks = [(key, Path(path)) for key, path in files_of(args) if not is_hub_id(path)]
         if args.pretrained_checkpoint:

@@ -10,8 +10,8 @@ by AutoModel's own typed configs (``RecipeConfig``) before launch. LoRA is AutoM
 lora recipe wraps this one); ``primus export`` writes the consolidated weights.
 
 Each optimizer step is reported through ``RunContext.report_step`` (the recipe's own
-``_run_train_optim_step`` returns the step's global loss, grad norm and LR); validation losses
-are ``[EVAL]`` lines.
+``_run_train_optim_step`` returns the step's global loss, grad norm and LR); each validation
+loss goes through ``RunContext.report_eval`` (metrics.jsonl, ``[EVAL]``, TensorBoard, trackers).
 """
 from __future__ import annotations
 
@@ -308,7 +308,10 @@ class LLMStepTap:
             return sample
 
         def log_val_metrics(val_name, log_data, metric_logger=None):
-            ctx.logger.info("[EVAL] step=%d loss=%.4f", int(log_data.step) + 1, float(log_data.metrics["val_loss"]))
+            from primus.runtime.metrics import EvalReport
+
+            ctx.report_eval(EvalReport(step=int(log_data.step) + 1, loss=float(log_data.metrics["val_loss"]),
+                                       name="valid" if val_name == "default" else str(val_name)))
             return original_val(val_name, log_data, metric_logger)
 
         recipe._run_train_optim_step = run_train_optim_step

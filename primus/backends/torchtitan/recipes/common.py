@@ -70,7 +70,7 @@ class TorchTitanRecipe(Recipe):
         self.check_config(cfg, module, provenance)
         if world_size is not None:
             _check_world_size(module, world_size, provenance)
-        layout = parallel_layout(params, world_size)  # the model is `spec`, built once above
+        layout = parallel_layout(params, world_size, spec.n_layers, device)  # the model is `spec`, built once above
         directory = Path(cfg.dump_folder) / cfg.checkpoint.folder
         source = hf_start.hf_source(params)  # TorchTitan loads these safetensors itself
         checkpoint = CheckpointSpec(directory, load=str(source) if source else None, format="hf" if source else "native",
@@ -173,7 +173,6 @@ class TorchTitanRecipe(Recipe):
         self.before_build(plan, ctx)
         trainer = with_primus_components(cfg).build()
         trainer.attach(ctx, plan.flops_per_token)
-        _say_validation(trainer, ctx)
         try:
             trainer.train()
             if trainer.stopping:  # SIGTERM: this step was checkpointed (when checkpoints are on)
@@ -201,18 +200,6 @@ class TorchTitanRecipe(Recipe):
         tensors = read_dcp_tensors(path, lambda key: not key.startswith(_TRAINER_STATE))
         source = Path(plan.checkpoint.load) if plan.checkpoint.format == "hf" else None
         return HFWeights(to_hf(tensors), plan.model, source, plan.engine_config.hf_assets_path, path, step)
-
-
-def _say_validation(trainer: Any, ctx: "RunContext") -> None:
-    """Say each validation loss in Primus' ``[EVAL]`` line too (as the Megatron backend does)."""
-    processor = trainer.metrics_processor
-    original = processor.log_validation
-
-    def log_validation(loss: float, step: int, extra_metrics=None):
-        ctx.logger.info("[EVAL] step=%d loss=%.4f", step, loss)
-        return original(loss, step, extra_metrics)
-
-    processor.log_validation = log_validation
 
 
 def build_tiny_sft_assets(root: Path, log: Callable[[str], None]) -> None:

@@ -60,6 +60,29 @@ def register_local_datasets() -> None:
 class TorchTitanPretrain(TorchTitanRecipe):
     stage = "pretrain"
 
+    def describe(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+                 device: str = "cpu") -> TorchTitanPlan | None:
+        """From TorchTitan's registry as tools/gen_torchtitan_plan_table.py recorded it, without importing
+        torch or TorchTitan; None where the table cannot tell (a HF start, Llama 4, a registry keyword it
+        does not cover): the engine's own plan then."""
+        from pathlib import Path
+
+        from primus.backends.torchtitan.config import BuildContext
+        from primus.backends.torchtitan.plan import describe
+        from primus.backends.torchtitan.recipes.common import _check_world_size
+        from primus.plan.sizing import LLM
+        from primus.runtime.adapter import CheckpointSpec, EnginePlan
+
+        if hf_start.hf_source(module.params) is not None:
+            return None
+        if world_size is not None:
+            _check_world_size(module, world_size, provenance)
+        found = describe(module.params, world_size, device, BuildContext(provenance, module.prefix).fail)
+        if found is None:
+            return None
+        model, layout = found
+        return EnginePlan(module, self, world_size, None, CheckpointSpec(Path(".")), model, layout, sizing=LLM)
+
     def dataloader_config(self) -> Any:
         from primus.backends.torchtitan.data import PrimusTextDataLoader
 

@@ -1,4 +1,5 @@
-"""Thresholds for findings: shipped defaults (``thresholds.yaml``) merged with a user file.
+"""Thresholds for findings: shipped defaults (``primus/preflight/thresholds.yaml``) merged with a user file.
+(Here, in plan, because the launch reads them too: the usable fraction of a device's memory.)
 
 A user file may hold any subset of the default keys. Unknown keys and values of the wrong
 type are a ``ConfigError`` (one line, exit 2), as everywhere else in Primus.
@@ -14,7 +15,7 @@ import yaml
 
 from primus.config.errors import ConfigError, did_you_mean
 
-DEFAULTS_PATH = Path(__file__).with_name("thresholds.yaml")
+DEFAULTS_PATH = Path(__file__).parents[1] / "preflight" / "thresholds.yaml"  # shipped beside preflight, its main reader
 
 
 def _check_range(dotted: str, value: float) -> None:
