@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from primus.runtime.sample_hash import BatchDigest
+from primus.runtime.sample_hash import BatchDigest, sample_digest
 from tests.conftest import ROOT, TINY_EXAMPLE
 from tests.helpers import read_metrics
 
@@ -37,6 +37,12 @@ def test_the_hash_follows_the_samples_and_their_global_order():
     digest.add(batch[2:])
     assert digest.finish() == hashed([([(1, i) for i in range(6)], batch)])  # no global key: (rank, arrival)
     assert digest.finish() == BatchDigest().finish()  # each step starts empty
+    dealt = [BatchDigest(rank) for rank in (0, 1)]  # a round-robin loader at degree 2: rank r fed rows r, r + 2, ...
+    for rank, rank_digest in enumerate(dealt):
+        rank_digest.add(batch[rank::2][:2], group_rank=rank, dealt_over=2)  # two micro-batches
+        rank_digest.add(batch[rank::2][2:], group_rank=rank, dealt_over=2)
+    gathered = {key: value for rank_digest in dealt for key, value in rank_digest._samples.items()}
+    assert [gathered[key] for key in sorted(gathered)] == [sample_digest(row) for row in batch]  # the global order
 
 
 def _hashes_and_losses(workspace, name):
@@ -89,3 +95,24 @@ def test_megatron_keeps_the_global_sample_order_when_resumed_on_fewer_ranks(run_
     (hashes, losses), (split_hashes, split_losses) = (_hashes_and_losses(workspace, name) for name in ("straight", "split"))
     assert split_hashes == hashes
     assert split_losses == pytest.approx(losses, abs=1e-5)  # the gradient all-reduce sums in another order
+
+
+@pytest.mark.e2e
+def test_torchtitan_reshardable_keeps_the_global_sample_order_when_resumed_on_fewer_ranks(run_primus, workspace):
+    """dataloader.reshardable: 2 FSDP ranks stopped at step 3, resumed on 1 (global batch 8 both ways: one
+    micro-batch of 4 per rank, or two on the one rank): the global batches of the 1-rank run. Without
+    reshardable the resume is refused before any rank starts (tests/backends/torchtitan/test_reshard.py)."""
+    pytest.importorskip("torchtitan")
+    overrides = ["primus.sample_hashes=true", "dataloader.reshardable=true", "training.steps=6",
+                 "training.global_batch_size=8", "training.local_batch_size=4", "checkpoint.interval=100"]
+    straight = run_primus("train", TINY_EXAMPLE, "exp_name=straight", *overrides)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    first = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=split", *overrides,
+                       env={"PRIMUS_FAULT_INJECT": "term@rank0:step3"})
+    assert first.returncode == 75, first.stderr[-2000:]
+    second = run_primus("train", TINY_EXAMPLE, "exp_name=split", *overrides)
+    assert second.returncode == 0, second.stderr[-2000:]
+    (hashes, losses), (split_hashes, split_losses) = (_hashes_and_losses(workspace, name) for name in ("straight", "split"))
+    assert [step for step, _ in hashes] == list(range(1, 7)) and len({h for _, h in hashes}) == 6
+    assert split_hashes == hashes
+    assert split_losses == pytest.approx(losses, abs=1e-5)  # FSDP's reduce-scatter sums in another order

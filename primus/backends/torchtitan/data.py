@@ -80,6 +80,12 @@ class PrimusTextDataLoader(HuggingFaceTextDataLoader):
         StatefulDataLoader.load_state_dict(self, pickle.loads(state_dict[ALL_RANKS]))
 
 
+def dealt_over(dataloader: Any) -> int | None:
+    """The degree a reshardable loader deals its one order over (rank r holds sequences r, r + dp, ...),
+    so ``primus.sample_hashes`` keys each sequence by its place in the global batch; else None."""
+    return dataloader.dp_world_size if getattr(dataloader, "reshardable", False) else None
+
+
 def data_parallel_degree(parallelism: Any, world_size: int) -> int:
     """TorchTitan's ``batch`` mesh: dp_replicate x dp_shard (-1 fills the world)."""
     replicate, shard = parallelism.data_parallel_replicate_degree, parallelism.data_parallel_shard_degree
