@@ -56,6 +56,17 @@ def register_local_datasets() -> None:
     mock_data.register(DATASETS)  # AMD Primus's training.mock_data
 
 
+def log_blend(cfg: Any, world_size: int, logger: Any) -> None:
+    """``dataloader.blend``: the blend and the sequences each dataset gives over the run, in the run's log."""
+    from primus.backends.torchtitan.data import blend_summary, data_parallel_degree
+
+    training, dp = cfg.training, data_parallel_degree(cfg.parallelism, world_size)
+    per_step = training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * dp
+    line = blend_summary(cfg.dataloader, training.steps * per_step // dp, dp)
+    if line:
+        logger.info(line)
+
+
 class TorchTitanAdapter(BackendAdapter):
     name = "torchtitan"
     distribution = "torchtitan"
@@ -129,17 +140,20 @@ class TorchTitanAdapter(BackendAdapter):
 
     def check_inputs(self, plan: EnginePlan, provenance: Provenance | None = None) -> None:
         module = plan.module
-        if hf_start.is_post_training(module.params, module.stage):  # [#15] HF tensors vs the model, instruction files
+        post_training = hf_start.is_post_training(module.params, module.stage)
+        if post_training:  # HF tensors vs the model, instruction files
             hf_start.check_inputs(plan, provenance=provenance)
-        elif tiny_assets_dir(module.params) is not None:
-            return  # built by prepare() before the ranks start
         from primus.compat.hub import is_hub_id
 
         cfg, prefix = plan.engine_config, f"modules.{module.name}"
-        # a Hub id (meta-llama/Llama-3.1-8B) is fetched when the run starts (primus/compat/hub.py)
-        checks = [] if is_hub_id(cfg.hf_assets_path) else [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
-        if getattr(cfg.dataloader, "dataset_path", None) and getattr(cfg.dataloader, "dataset", None) != "mock":
-            checks.append(("dataloader.dataset_path", Path(cfg.dataloader.dataset_path)))
+        checks = [(f"dataloader.blend[{2 * i + 1}]", Path(path))
+                  for i, path in enumerate(getattr(cfg.dataloader, "blend", [])[1::2])]
+        if post_training or tiny_assets_dir(module.params) is None:  # else built by prepare() before the ranks start
+            # a Hub id (meta-llama/Llama-3.1-8B) is fetched when the run starts (primus/compat/hub.py)
+            if not is_hub_id(cfg.hf_assets_path):
+                checks.append(("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json"))
+            if getattr(cfg.dataloader, "dataset_path", None) and getattr(cfg.dataloader, "dataset", None) != "mock":
+                checks.append(("dataloader.dataset_path", Path(cfg.dataloader.dataset_path)))
         for key, path in checks:
             if not path.exists():
                 full = f"{prefix}.{key}"
@@ -173,6 +187,7 @@ class TorchTitanAdapter(BackendAdapter):
         from primus.backends.torchtitan.hooks import with_primus_components
 
         plan.log_derived(ctx)
+        log_blend(cfg, plan.world_size or 1, ctx.logger)
         if ctx.resume and not cfg.checkpoint.enable:
             ctx.logger.warning("--resume given but checkpoint.enable is false: starting from step 0")
         if cfg.checkpoint.enable and cfg.checkpoint.load_step < 0:  # (rel, #16) skip a damaged newest checkpoint
