@@ -87,7 +87,7 @@ def project_layout(exp: Path, nproc: int, overrides: list[str], threads: int | N
     from primus.plan.profiles import get_profile
     from primus.plan.projection import project
 
-    loaded = load(str(exp), overrides, None, nproc, gpu=False)
+    loaded = load(str(exp), overrides, None, nproc, gpu=False, device="local")
     profile = get_profile("local").for_ranks_per_node(nproc, threads)
     profile = replace(profile, peak_tflops={k: v * load_factor for k, v in profile.peak_tflops.items()},
                       hbm_gbps=profile.hbm_gbps * load_factor)

@@ -29,7 +29,8 @@ def project_row(row: dict[str, Any], base: Path = CORPUS.parent) -> dict[str, An
     from primus.plan.projection import project
 
     world = row["nodes"] * row["gpus_per_node"]
-    loaded = load(str(base / row["experiment"]), list(row.get("overrides") or []), None, world, gpu=True)
+    loaded = load(str(base / row["experiment"]), list(row.get("overrides") or []), None, world, gpu=True,
+                  device=row["device"])
     from dataclasses import replace
 
     profile = replace(profile_for(row["device"], 1), gpus_per_node=row["gpus_per_node"])

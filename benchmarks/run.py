@@ -4,7 +4,8 @@
     .venv/bin/python -m benchmarks.run --quick         # a few minutes
     .venv/bin/python -m benchmarks.run --only overhead,cli
 
-Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, async_checkpoint, precision, compile, instruments. Not part of the test suite's pass/fail:
+Benchmarks: cli, overhead, roofline, backends, knobs, checkpoint, async_checkpoint, precision, compile, instruments,
+plan_memory. Not part of the test suite's pass/fail:
 targets are reported (met / not met), never asserted.
 """
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any
 import yaml
 
 from benchmarks import (async_checkpoint, backends, checkpoint_steady, cli_latency, common, instruments, knobs, overhead,
-                        precision, roofline, torch_compile)
+                        plan_memory, precision, roofline, torch_compile)
 
 ORDER = ("cli", "overhead", "roofline", "backends", "knobs", "checkpoint", "async_checkpoint", "precision", "compile",
-         "instruments")
+         "instruments", "plan_memory")
 PRESET = common.CONFIGS / "presets" / "llama_25m.yaml"
 
 
@@ -73,10 +74,11 @@ def summary_markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
               "checkpoint": "Steady step time after the first checkpoint / checkpoints off",
               "async_checkpoint": "The step after a save: asynchronous vs synchronous checkpoints",
               "precision": "bf16 vs fp32 on CPU", "compile": "torch.compile on CPU",
-              "instruments": "Per-rank instruments on vs off (straggler report, watchdog, flight recorder)"}
+              "instruments": "Per-rank instruments on vs off (straggler report, watchdog, flight recorder)",
+              "plan_memory": "Plan vs measured memory per rank; the fake-world build"}
     modules = {"cli": cli_latency, "overhead": overhead, "roofline": roofline, "backends": backends, "knobs": knobs,
                "checkpoint": checkpoint_steady, "async_checkpoint": async_checkpoint, "precision": precision,
-               "compile": torch_compile, "instruments": instruments}
+               "compile": torch_compile, "instruments": instruments, "plan_memory": plan_memory}
     for name in ORDER:
         if name in results:
             parts.append(f"## {titles[name]}\n\n{modules[name].markdown(results[name])}")
@@ -125,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = torch_compile.run(args.quick)
         elif name == "instruments":
             results[name] = instruments.run(args.quick)
+        elif name == "plan_memory":
+            results[name] = plan_memory.run(args.quick)
         results[name]["elapsed_s"] = time.perf_counter() - t
         print(f"   {name}: {results[name]['elapsed_s']:.0f} s", flush=True)
     if "roofline" in results:  # achieved numbers come from the training runs, whichever ran

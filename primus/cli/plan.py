@@ -13,7 +13,9 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
+from primus.config.errors import ConfigError
 from primus.config.values import count_flag, env_count, non_empty_flag
 
 
@@ -40,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--measure", type=int, nargs="?", const=3, default=0, metavar="K",
                       help="--search: run the top K (default 3) for a few steps here and re-rank by measurement")
     plan.add_argument("--measure-steps", type=int, default=6, help="steps per measured layout (default 6)")
+    plan.add_argument("--build", action="store_true",
+                      help="also build each pipeline stage's real model with the engine, on the meta device with a "
+                           "fake process group for the whole world: the engine's own layout errors and per-rank "
+                           "bytes (Megatron, TorchTitan; seconds on a CPU)")
     plan.set_defaults(handler=_plan, accepts_overrides=True)
 
 
@@ -63,6 +69,10 @@ def world_size_of(nproc_per_node: int | None, nnodes: int | None, env=os.environ
             sources.append(f"${var}={from_env}")
         else:
             parts.append(1)
+    from primus.plan.search import MAX_NODES
+
+    if parts[1] > MAX_NODES:
+        raise ConfigError(f"{sources[-1]}: more than {MAX_NODES:,} nodes is not a cluster to plan for")
     if not sources:
         world = env_count("WORLD_SIZE", env)
         if world is not None:
@@ -98,6 +108,11 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
         lines = [f"{p.level}: {p.message}" for p in problems]
         return ("\n".join(lines) if not as_json else json.dumps({"problems": [p.to_dict() for p in problems]}, indent=2)), 1
     plan = make(model, layout, device, usable_fraction=usable)
+    if device and not isinstance(model, WanSpec):  # asked whether it fits: fitting no device is bad input
+        from primus.plan.estimate import fits_nowhere
+
+        if (reason := fits_nowhere(plan.memory, usable)) is not None:
+            raise ConfigError(reason)
     code = 1 if plan.fits is False else 0
     if as_json:
         return json.dumps({**plan.to_dict(), "problems": [p.to_dict() for p in problems]}, indent=2), code
@@ -105,6 +120,25 @@ def run_plan(model, layout, device: str | None, thresholds_path: str | None = No
     if problems:
         text += "\n" + "\n".join(f"{p.level}: {p.message}" for p in problems)
     return text, code
+
+
+def plan_report(plan, admission, device: str | None, args: argparse.Namespace, given: int | None,
+                source: str) -> tuple[str, int]:
+    """What ``primus plan`` prints for an ``EnginePlan`` and its admission (the assumptions and admission
+    lines, the vocabulary where derived, then the table; or the JSON) and its exit status; ``--project``
+    prints the same before its projection."""
+    world = given or plan.layout.world_size
+    text, code = run_plan(plan.model, plan.layout, device, args.thresholds, args.json, world_size=given)
+    if not admission.ok:  # the launch on that device would stop at admission: the plan says so, exit 1
+        code = max(code, 1)
+    if args.json:
+        data = json.loads(text)
+        return json.dumps({"world_size": world, "world_size_source": source, "device": device,
+                           "admission": {"target": admission.target.to_dict(), "admitted": admission.ok,
+                                         "refusals": [r.line(admission.module) for r in admission.refusals]},
+                           **data}, indent=2), code
+    vocabulary = [f"vocabulary        {d.value} ({d.reason})" for d in plan.derived if d.key == "vocab_size"]
+    return "\n".join([_assumptions(world, source, device, admission), *vocabulary, text]), code
 
 
 def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -122,21 +156,37 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> int:
     target = target_for(args.device)  # the plan's dtypes are the target's, never this host's CPU's
     given, source = world_size_of(args.nproc_per_node, args.nnodes)
     plan, admission = plan_experiment(args.exp, overrides, args.module, given, target, admit=True,
-                                       say=lambda text: print(text, file=sys.stderr))  # stdout may be --json
-    model, layout = plan.model, plan.layout
-    world = given or layout.world_size
-    text, code = run_plan(model, layout, args.device, args.thresholds, args.json, world_size=given)
-    if not admission.ok:  # the launch on that device would stop at admission: the plan says so, exit 1
-        code = max(code, 1)
-    if args.json:
-        data = json.loads(text)
-        text = json.dumps({"world_size": world, "world_size_source": source, "device": args.device,
-                           "admission": {"target": admission.target.to_dict(), "admitted": admission.ok,
-                                         "refusals": [r.line(admission.module) for r in admission.refusals]},
-                           **data},
-                          indent=2)
-    else:
-        vocabulary = [f"vocabulary        {d.value} ({d.reason})" for d in plan.derived if d.key == "vocab_size"]
-        text = "\n".join([_assumptions(world, source, args.device, admission), *vocabulary, text])
+                                      say=lambda text: print(text, file=sys.stderr))  # stdout may be --json
+    text, code = plan_report(plan, admission, args.device, args, given, source)
+    if args.build and (code == 0 or "fail:" not in text):  # a layout the plan already refuses is not built
+        text, code = _with_fake_world(args, overrides, given or plan.layout.world_size, text, code)
     print(text, file=sys.stdout)
     return code
+
+
+def _with_fake_world(args: argparse.Namespace, overrides: list[str], world: int, text: str,
+                     code: int) -> tuple[str, int]:
+    built, build_code = _fake_world(args, overrides, world)
+    if args.json:
+        data = json.loads(text)
+        data["fake_world"] = built
+        return json.dumps(data, indent=2), max(code, build_code)
+    return text + "\n" + built, max(code, build_code)
+
+
+def _fake_world(args: argparse.Namespace, overrides: list[str], world: int) -> tuple[Any, int]:
+    """``--build``: the engine's own model per pipeline stage (primus.launch.memory_check.fake_world): its
+    table (or, with --json, its rows), or the engine's refusal as a ``fail:`` line."""
+    from primus.config.resolve import resolve_experiment
+    from primus.launch.job import plan_module, select_module
+    from primus.launch.memory_check import fake_world
+    from primus.runtime.registry import backend_defaults, backend_derived
+
+    resolved = resolve_experiment(args.exp, overrides, backend_defaults, backend_derived)
+    from primus.plan.target import target_for
+
+    _, engine_plan = plan_module(resolved, select_module(resolved, args.module), world, target=target_for(args.device))
+    try:
+        return fake_world(engine_plan, world, as_rows=args.json), 0
+    except ConfigError as refused:  # the engine rejects the layout at this scale: the layout is wrong
+        return ({"fail": str(refused)} if args.json else f"fail: {refused}"), 1

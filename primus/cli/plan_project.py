@@ -23,6 +23,7 @@ class Loaded:
     model: Any
     layout: Any
     options: Any  # ProjectionOptions
+    target: Any = None  # primus.plan.target.Target the plan is for
 
 
 def load(path: str, overrides: list[str], module_name: str | None, world: int | None, *, gpu: bool,
@@ -43,7 +44,7 @@ def load(path: str, overrides: list[str], module_name: str | None, world: int | 
         raise ConfigError(f"{path}: modules.{module.name}: no model description to project (vocab_size unknown)")
     return Loaded(module.framework, module, adapter, engine_plan.model, engine_plan.layout,
                   projection_options(module.framework, engine_plan, gpu=gpu,
-                                     translations=getattr(module, "translations", ())))
+                                     translations=getattr(module, "translations", ())), target)
 
 
 def profile_for(device: str, ranks_per_node: int):
@@ -84,7 +85,8 @@ def set_dotted(params: dict[str, Any], key: str, value: Any) -> None:
 
 
 def engine_check(loaded: Loaded, overrides: list[str], world: int) -> str | None:
-    """None when the engine's own planning accepts the layout overrides on ``world`` ranks, else why not."""
+    """None when the engine's own planning accepts the layout overrides on ``world`` ranks and admission
+    admits it on the target (context parallelism needs a GPU), else why not."""
     import yaml
 
     from primus.runtime.adapter import ModuleConfig
@@ -96,7 +98,11 @@ def engine_check(loaded: Loaded, overrides: list[str], world: int) -> str | None
     module = ModuleConfig(name=loaded.module.name, framework=loaded.framework,
                           stage=loaded.adapter.canonical_stage(loaded.module.stage), params=params)
     try:
-        loaded.adapter.plan(module, world)
+        plan = loaded.adapter.plan(module, world, device=loaded.target.torch_device if loaded.target else "cpu")
+        if loaded.target is not None:
+            from primus.runtime.admission import admit
+
+            admit(loaded.adapter, plan, loaded.target, getattr(loaded.module, "translations", ())).check()
     except ConfigError as exc:
         return str(exc)
     return None
@@ -117,7 +123,7 @@ def run(args, overrides: list[str]) -> int:
     """``primus plan EXP --project`` / ``--search [--measure]``: print, exit 0 (or 2 on bad input)."""
     import sys
 
-    from primus.cli.plan import world_size_of
+    from primus.cli.plan import plan_report, world_size_of
     from primus.plan.search import check_world
 
     if not args.device:
@@ -139,12 +145,24 @@ def run(args, overrides: list[str]) -> int:
         text = json.dumps(result.to_dict(), indent=2) if args.json else result.format()
         print(text, file=sys.stdout)
         return 0
-    given, _ = world_size_of(args.nproc_per_node, args.nnodes)
+    given, source = world_size_of(args.nproc_per_node, args.nnodes)
     per_node = args.nproc_per_node or (given or 1)
     profile = profile_for(args.device, per_node if local else 1)
     loaded = load(args.exp, overrides, args.module, given, gpu=not _is_cpu(profile), device=args.device)
-    print(project_text(loaded, profile, args.json), file=sys.stdout)
-    return 0
+    # one plan: the table `primus plan` prints (its heaviest rank is the projection's mem=), then the projection
+    from primus.plan.target import target_for
+    from primus.preflight.cli import plan_experiment
+
+    plan, admission = plan_experiment(args.exp, overrides, args.module, given,
+                                      target_for(None if local else args.device), admit=True)
+    table, code = plan_report(plan, admission, None if local else args.device, args, given, source)
+    projected = project_text(loaded, profile, args.json)
+    if args.json:
+        text = json.dumps({**json.loads(table), **json.loads(projected)}, indent=2)
+    else:
+        text = table + "\n" + projected
+    print(text, file=sys.stdout)
+    return code
 
 
 def _is_cpu(profile) -> bool:

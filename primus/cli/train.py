@@ -81,7 +81,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print what would run (command lines or the "
                                                                "sbatch script) and exit")
     parser.add_argument("--device", metavar="NAME", help="with --dry-run: admit the run for this device (mi300x, "
-                                                         "mi355x, h100 ...; default: this host's)")
+                                                         "mi355x, h100 ...; default: this host's), its heaviest rank "
+                                                         "checked against the device's memory")
+    parser.add_argument("--force", action="store_true", help="launch even when the plan says a rank does not fit "
+                                                             "the device's usable memory")
+    parser.add_argument("--build", action="store_true", help="with --dry-run: also build each pipeline stage's real "
+                                                             "model on the meta device for the whole world (the "
+                                                             "engine's layout errors, per-rank bytes)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show engine warnings and third-party progress bars on the console "
                              "(they are always in logs/.../warning.log, debug.log)")
@@ -111,12 +117,17 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     from primus.config.errors import ConfigError
     from primus.config.resolve import resolve_experiment
     from primus.launch import executors
-    from primus.launch.job import admit_module, launch_target, plan_module, run_training_job, select_module
+    from primus.launch.job import (admit_module, launch_target, memory_admission, plan_module, run_training_job,
+                                   select_module)
     from primus.launch.plan import plan_from_config
     from primus.runtime.registry import backend_defaults, backend_derived
     from primus.runtime.rundir import RunDir
 
     args.exp = experiment_argument(args, extras)
+    if args.device:
+        from primus.plan.estimate import device_memory_bytes
+
+        device_memory_bytes(args.device)  # an unknown device is a user error before any parsing
     if args.verbose:
         import os
 
@@ -135,7 +146,8 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
     target = launch_target(args.device, dry_run=args.dry_run or executor not in ("local", "multi-node"))
     if executor in ("local", "multi-node"):
         return run_training_job(resolved, module, plan_from_config(config), resume=args.resume,
-                                dry_run=args.dry_run, argv=["primus", *sys.argv[1:]], target=target)
+                                dry_run=args.dry_run, argv=["primus", *sys.argv[1:]], target=target,
+                                force=args.force, build=args.build)
 
     passthrough = [*(["--module", args.module] if args.module else []), *(["--verbose"] if args.verbose else []),
                    *({"always": ["--resume"], "never": ["--no-resume"]}.get(args.resume, []))]
@@ -150,6 +162,7 @@ def _train(args: argparse.Namespace, extras: list[str]) -> int:
         adapter, plan = plan_module(resolved, module, nproc * (config.nnodes or 1), target=target)
         if args.device:  # the nodes' device, named: admit here too (each node admits on its own device)
             admit_module(resolved, module, adapter, plan, target)
+            memory_admission(plan, target, args.force)  # and its heaviest rank must fit it before queueing
     if not args.dry_run:
         run_dir.decide_resume(args.resume)  # refuse a completed run now, not after the queue wait
     if executor == "srun":

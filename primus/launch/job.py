@@ -24,7 +24,7 @@ from primus.config.schema import PrimusOptions, validate_model
 from primus.launch.local import LaunchResult, LauncherInterrupted, StopsRaise, launch_workers, summarize_error
 from primus.launch.multinode import LeaderMissing, PeerWatch, wait_for_leader
 from primus.launch.plan import LaunchPlan
-from primus.runtime.adapter import BackendAdapter, EnginePlan, ModuleConfig
+from primus.runtime.adapter import BackendAdapter, CheckpointSpec, EnginePlan, ModuleConfig
 from primus.plan.target import Target, host_target, target_for
 from primus.runtime.admission import Admission, admit
 from primus.runtime.checkpoints import newest_usable
@@ -65,6 +65,31 @@ def plan_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size
     if check_paths:
         adapter.check_inputs(plan, resolved.provenance)
     return adapter, plan
+
+
+def describe_module(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
+                    target: Target | None = None):
+    """(ModelSpec, ParallelLayout) of the module, as ``primus plan`` needs them: without the engine where the
+    adapter can (its argument table, a generated model table); planned for ``target`` (default: this host's)."""
+    return describe_plan(resolved, module, world_size, target=target)[1:3]
+
+
+def describe_plan(resolved: ResolvedExperiment, module: ResolvedModule, world_size: int | None = None, *,
+                  target: Target | None = None) -> tuple[BackendAdapter, "ModelSpec | None", "ParallelLayout | None",
+                                                         EnginePlan]:
+    """(adapter, model, layout, plan) for ``primus plan``: the adapter's own plan where it needs no engine
+    (Megatron's argument table); else the model and layout its generated table tells (TorchTitan: no torch
+    import) in a plan without engine config, enough for admission, which reads the module's settings."""
+    adapter = get_adapter(module.framework, resolved.provenance.describe(f"modules.{module.name}.framework"))
+    if getattr(adapter, "plans_without_engine", False):
+        plan = plan_module(resolved, module, world_size, require_engine=False, target=target)[1]
+        return adapter, plan.model, plan.layout, plan
+    stage = adapter.canonical_stage(module.stage, resolved.provenance.describe(f"modules.{module.name}.stage"))
+    validate_model(PrimusOptions, module.params.get("primus") or {}, resolved.provenance, f"modules.{module.name}.primus")
+    config = ModuleConfig.of(module, stage)
+    model, layout = adapter.describe(config, world_size, resolved.provenance,
+                                     device=(target or host_target()).torch_device)
+    return adapter, model, layout, EnginePlan(config, world_size, None, CheckpointSpec(Path(".")), model, layout)
 
 
 @dataclass
@@ -123,16 +148,25 @@ def launch_target(device: str | None, *, dry_run: bool) -> Target:
 
 
 def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan: LaunchPlan, *,
-                     resume: str, dry_run: bool, argv: list[str], target: Target | None = None) -> int:
-    """``target``: the device of a dry-run (``--device``); a launch runs on this host's device."""
+                     resume: str, dry_run: bool, argv: list[str], target: Target | None = None, force: bool = False,
+                     build: bool = False) -> int:
+    """``target``: the device of a dry-run (``--device``); a launch runs on this host's device. ``force``: launch
+    even when the heaviest rank does not fit it; ``build``: with ``dry_run``, the fake-world build too."""
     run_dir = RunDir.of(resolved.spec)
     target = target or host_target()
     adapter, engine_plan = plan_module(resolved, module, plan.world_size, check_paths=True, run_dir=run_dir.path,
                                        target=target)
     admission = admit_module(resolved, module, adapter, engine_plan, target)  # before anything is written
     job = Job(resolved, module, adapter, engine_plan, plan.with_port(), run_dir, argv)
+    fits = memory_admission(engine_plan, target, force)  # memory_check.py
     if dry_run:
         _print_dry_run(job, admission)
+        if fits:
+            print(fits)
+        if build:
+            from primus.launch.memory_check import fake_world
+
+            print(fake_world(engine_plan, plan.world_size))
         return ExitCode.COMPLETED
     os.environ.update(job.secret_env)  # literal secrets reach the workers by environment, nowhere else
     claim = _claim_as_node_zero if plan.is_node_zero else _join_as_other_node
@@ -149,6 +183,18 @@ def run_training_job(resolved: ResolvedExperiment, module: ResolvedModule, plan:
     except Exception as exc:  # the launcher's own failure (a full disk, torchrun): one line, traceback in a file
         job.outcome = LaunchResult(ExitCode.FAILED, [_launcher_error(job, exc)])
     return _report(job)
+
+
+def memory_admission(engine_plan: EnginePlan, target: Target, force: bool) -> str | None:
+    """Before any rank starts, the plan's heaviest rank against the target's memory (a GPU the plan knows): a
+    ConfigError when it does not fit, unless ``force``; a CPU run or an unknown GPU: nothing to check. The plan
+    is the target's (its dtypes and kernels), whatever this host is."""
+    from primus.launch.memory_check import refuse_if_too_big
+    from primus.plan.devices import DEVICE_MEMORY_GIB
+
+    if force or not target.gpu or target.name not in DEVICE_MEMORY_GIB:
+        return None
+    return refuse_if_too_big(engine_plan.model, engine_plan.layout, target.name)
 
 
 def _print_dry_run(job: Job, admission: Admission) -> None:

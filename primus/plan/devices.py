@@ -68,7 +68,14 @@ def cpu_model() -> str:
 def cpu_bf16_native() -> str | None:
     """The CPU's native bf16 matmul unit (``amx_bf16`` or ``avx512_bf16``), or ``None``: without one,
     oneDNN emulates bf16 by converting to fp32, slower than fp32 itself (measured ~5x on an AVX-512
-    Xeon without AVX512-BF16). Asks torch's cpuid probe, then /proc/cpuinfo."""
+    Xeon without AVX512-BF16). Reads /proc/cpuinfo (the kernel's cpuid flags; no torch import, so
+    ``plan`` stays fast), else asks torch's cpuid probe (other systems)."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo", encoding="utf-8") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        flags = None
+    if flags is not None:
+        return next((flag for flag in ("amx_bf16", "avx512_bf16") if flag in flags), None)
     try:
         import torch
 
@@ -76,14 +83,9 @@ def cpu_bf16_native() -> str | None:
             return "amx_bf16"
         if torch.cpu._is_avx512_bf16_supported():
             return "avx512_bf16"
-        return None
     except (AttributeError, ImportError, RuntimeError):
         pass
-    try:
-        flags = next(line for line in open("/proc/cpuinfo", encoding="utf-8") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return None
-    return next((flag for flag in ("amx_bf16", "avx512_bf16") if flag in flags), None)
+    return None
 
 
 def cpu_bf16_decision() -> tuple[bool, str]:

@@ -13,32 +13,71 @@ Parameters per rank (the heaviest pipeline stage), as megatron-core places them
     copy when pp > 1, as in Megatron) and the MTP layers. With tp = pp = ep = 1 this is exactly
     ``ModelSpec.total_params()``.
 
-Memory per rank, bytes (``N`` = parameters per rank, of which ``E`` routed-expert weights;
-``D`` = dp x cp, ``D_e`` = the expert-data-parallel size tp x dp x cp / (ep x etp); B(x) = bytes of dtype x)
-    shard(b)   = (N - E) * b / D + E * b / D_e
-    weights    = N * B(param_dtype), or shard(B(param_dtype)) if sharding == fsdp
-    grads      = N * B(grad_dtype),  or shard(B(grad_dtype))  if sharding == fsdp
-    optimizer  = per-parameter bytes 4 [fp32 master, when param_dtype is not fp32 and master_weights]
-                 + 2 * B(optimizer_dtype) [Adam m and v], times N, or shard(...) if sharding in (optimizer, fsdp)
-    e.g. mixed-precision Adam: 2 + 4 + (4 + 2*4) = 18 bytes per parameter, unsharded (Megatron-LM's
-    theoretical_memory_usage.py: 18, or 6 + 12 / dp with the distributed optimizer).
+Memory per rank, bytes: as the engine that runs the layout lays it out (``ParallelLayout.memory_model``:
+megatron = megatron-core 0.16's local layer spec, the CPU's; megatron-te = its Transformer Engine spec, a
+GPU's; torchtitan = TorchTitan 0.3.0). ``primus.plan.memory`` computes them; tests/plan/test_memory_measured.py
+holds weights, grads and optimizer to the bytes counted on real ranks after one step, activations to 10%
+(the residuals: docs/plan.md). The heaviest rank is reported (every pipeline stage, the most-owning shard).
+N = the rank's parameters, split as the engine splits them (``primus.plan.tensors``); B(x) = bytes of dtype x.
 
-    activations, per layer per micro-batch (Korthikanti et al. 2022, "Reducing Activation
-    Recomputation in Large Transformer Models"; s = seq_len / cp, b = micro_batch_size,
-    h = dim, a = n_heads, t = tp, sequence parallelism assumed, 16-bit activations):
-        no recompute:    s * b * h * (34 + 5 * a * s / h) / t
-        full recompute:  2 * s * b * h / t          (only each layer's input is kept)
-    With ``flash_attention`` (the default; TorchTitan and Megatron both use fused attention)
-    the ``5*a*s/h`` term, the stored softmax scores, is dropped: they are recomputed.
-    The 34 was derived for GPT (4h MLP, MHA, dropout); for Llama it is an approximation, and for
-    MoE layers a rough one (the top-k copies of each routed token are not modelled).
-    Times layers per stage, times micro-batches in flight on the first stage under 1F1B
-    (``min(pp, num_microbatches)``), plus the fp32 logits ``4 * s * b * vocab / t``.
-    Summing first-stage activations and last-stage logits is an upper bound when pp > 1.
+  megatron, megatron-te (DistributedDataParallel and the Megatron optimizer)
+    Per model chunk, one contiguous buffer for dense parameters and one for routed experts, parameters in
+    reverse registration order. With the distributed optimizer each parameter starts at a multiple of 64
+    elements, a tied embedding copy (pp > 1) gets a bucket of its own, a bucket closes once it holds
+    ``grad_bucket_size`` parameters (overlap_grad_reduce; chunk 0 of the first pipeline rank only), and
+    each bucket ends at a multiple of lcm(D, 128), D = dp x cp (experts: tp x dp x cp / (ep x etp)).
+      weights   = buffer elements x B(param) with the distributed optimizer, else N x B(param)
+      grads     = buffer elements x B(grad)         (grad fp32 under bf16: accumulate_allreduce_grads_in_fp32)
+      optimizer = owned x (4 [an fp32 main copy of 16-bit weights] + 2 x 4 [Adam's moments]), owned = N, or
+                  with the distributed optimizer the parameter elements (not padding) of this rank's
+                  1/D of each bucket
+    e.g. mixed-precision Adam unsharded: 2 + 4 + 12 = 18 bytes per parameter (Megatron-LM's
+    theoretical_memory_usage.py: 18, or 6 + 12 / dp with the distributed optimizer), plus padding.
+  torchtitan (FSDP2 on every parameter, a shard group of one included; parameters stay fp32,
+    mixed_precision_param is what the forward computes in)
+    S = dp_shard x cp (routed experts: dp_shard x cp x tp / ep, sharded on their second dimension when
+    there are fewer experts than S); rows = a tensor's first dimension after the tensor/expert split
+      weights   = sum ceil(rows / S) x rest x 4     (each shard padded)
+      grads     = sum ceil(rows / S) x rest x B(mixed_precision_reduce), plus the output head's again on
+                  the last stage under pipeline parallelism (its chunked loss reduces the head alone first)
+      optimizer = sum owned_rows x rest x 2 x 4     (rank 0 owns ceil(rows / S) of each)
+  generic (no engine; Megatron with FSDP, not yet measured): N x bytes, divided by D where sharded (ZeRO-1
+    the optimizer, FSDP all three).
 
-    Not counted: the CUDA/HIP context and allocator fragmentation (hence the
-    ``memory.usable_fraction`` threshold), FSDP's transiently gathered layer, and
-    communication buffers.
+  activations: what the forward passes keep for the backward pass, per layer per micro-batch; T = tokens
+  (seq_len / cp x micro_batch_size), T_n = T / tp under sequence parallelism, h = dim, a, g = heads and
+  KV heads on this rank, d = head width, f = MLP width on this rank, s, b = sequence, micro-batch,
+  e = B(compute dtype)
+    norm (2 per layer, + the final one)   CPU (torch's composite): its input in fp32 (itself, or a copy of a
+        16-bit one) and the normalised fp32 values, 8 T_n h + 4 T_n; GPU (fused kernels): e T_n h + 4 T_n;
+        and its output, kept by the next linear: e T_n h (TorchTitan with TP: gathered, e T h)
+    attention  megatron local: e T a d (q) + 2 e s d (RoPE cos, sin) + 2 e T a d (k, v repeated to a heads;
+                 e T a d without GQA) + e b a s^2 (softmax) + e T a d (context), and one e b a s^2 scores
+                 buffer per rank; selective recompute keeps e T (a + 2g) d + e T (a + g) d + e T a d instead
+               megatron-te: e T (a + 2g) d (QKV output) + e T (a + g) d (q, k rotated) + e T a d + 4 b a s
+               torchtitan: e T (a + 2g) d (q, k rotated, v) + e T a d + 4 b a s (output, log-sum-exp) + 4 b s d
+               MLA: the latent projection, its norm, e T a (2 qk + 2 dv) (q, k, v, output); the CPU's SDPA
+                 math kernel also e b a s^2, fused kernels 4 b a s
+    MLP        megatron local 5 e T f, megatron-te 3 e T f, torchtitan 4 e T f (gated; 2 e T f otherwise)
+    MoE        router 12 T E, dispatched tokens, the experts' MLP on top_k x T tokens (the balanced share:
+               at initialisation routing is not balanced, so one rank's share varies), shared experts
+    recompute  full: a checkpointed unit of layers keeps its input, e T_n h (megatron uniform: units of
+               recompute_num_layers; block: the first recompute_num_layers layers of each chunk); TorchTitan
+               selective (op-level): the block's input, the fused QKV, w1 and w2 outputs (on a GPU also
+               attention's output and log-sum-exp: its save list names the CUDA kernels)
+    in flight  1F1B: min(pp - rank, micro-batches) micro-batches; interleaved (vpp chunks):
+               min(m x vpp, 2 (pp - rank - 1) + (vpp - 1) pp + 1) chunk forwards; TorchTitan's pipelining also
+               keeps a receive buffer per micro-batch and each forward's output, e T_n h each
+    loss       megatron: the fp32 logits, 4 T V / tp; TorchTitan's chunked loss: the norm's output and its
+               chunks, an fp32 gradient accumulator, (e + 4) T h, and one chunk's logits and fp32 log-softmax,
+               (e + 4) T V / (tp x loss_chunks)
+    generic: Korthikanti et al. 2022, per layer s b h (34 + 5 a s / h) / tp (16-bit, sequence parallel;
+    the 5 a s / h softmax term dropped with ``flash_attention``), full recompute 2 s b h / tp, logits
+    4 s b V / tp, times min(pp, micro-batches).
+
+  Not counted: the CUDA/HIP context and allocator fragmentation (hence the ``memory.usable_fraction``
+  threshold), FSDP's gathered (unsharded) parameters during forward and backward, short-lived
+  temporaries, communication buffers, dropout masks (the Llama-family presets train without).
 """
 from __future__ import annotations
 
@@ -128,6 +167,8 @@ class MemoryEstimate:
     microbatches_in_flight: int
     logits: int
     flash_attention: bool
+    pp_rank: int = 0  # the rank's pipeline stage
+    rank: int = 0  # a global rank with these bytes (the first of its stage and shard index)
 
     @property
     def total(self) -> int:
@@ -149,6 +190,29 @@ def activation_bytes_per_layer(model: ModelSpec, layout: ParallelLayout, flash_a
 
 
 def estimate_memory(model: ModelSpec, layout: ParallelLayout, *, flash_attention: bool = True) -> MemoryEstimate:
+    """The heaviest rank's bytes: the engine's own layout of them (``layout.memory_model``), else the
+    textbook formulas."""
+    if layout.memory_model == "generic":
+        return _textbook_memory(model, layout, flash_attention)
+    ranks = [rank_memory(model, layout, pp_rank, None, None) for pp_rank in range(layout.pp)]
+    return max(ranks, key=lambda memory: memory.total)
+
+
+def rank_memory(model: ModelSpec, layout: ParallelLayout, pp_rank: int = 0, shard_rank: int | None = 0,
+                expert_rank: int | None = 0) -> MemoryEstimate:
+    """One rank, by its pipeline rank and its index in the sharding groups (None: the heaviest index)."""
+    from primus.plan.activations import rank_activations
+    from primus.plan.memory import rank_state
+
+    state = rank_state(model, layout, pp_rank, shard_rank, expert_rank)
+    acts = rank_activations(model, layout, pp_rank)
+    flash = layout.memory_model != "megatron"  # megatron-core's local attention keeps the softmax
+    return MemoryEstimate(state.weights, state.grads, state.optimizer, acts.activations, acts.per_layer, acts.layers,
+                          acts.in_flight, acts.loss, flash, pp_rank=pp_rank,
+                          rank=pp_rank * (layout.world_size // layout.pp) + (shard_rank or 0) * layout.tp)
+
+
+def _textbook_memory(model: ModelSpec, layout: ParallelLayout, flash_attention: bool) -> MemoryEstimate:
     params = estimate_params(model, layout)
     dense, experts = params.per_rank - params.per_rank_experts, params.per_rank_experts
     shards, expert_shards = layout.dp * layout.cp, layout.expert_dp
@@ -171,6 +235,20 @@ def estimate_memory(model: ModelSpec, layout: ParallelLayout, *, flash_attention
     logits = 4 * s * layout.micro_batch_size * model.vocab_size // layout.tp
     return MemoryEstimate(weights, grads, optimizer, per_layer * layers * in_flight, per_layer, layers,
                           in_flight, logits, flash_attention)
+
+
+def fits_nowhere(memory: MemoryEstimate, usable_fraction: float) -> str | None:
+    """Why no known device can hold the heaviest rank even without activations (the layout is impossible
+    wherever it runs), or None."""
+    static = memory.weights + memory.grads + memory.optimizer
+    name, gib = max(DEVICE_MEMORY_GIB.items(), key=lambda item: item[1])
+    budget = gib * GIB * usable_fraction
+    if static <= budget:
+        return None
+    return (f"rank {memory.rank} (pipeline stage {memory.pp_rank}) holds {static / GIB:.1f} GiB of weights, "
+            f"gradients and optimizer state alone; no known device has that much ({name}: {budget / GIB:.1f} GiB "
+            "usable): shard the model over more ranks (tensor or pipeline parallelism, the distributed "
+            "optimizer, FSDP)")
 
 
 @dataclass
@@ -231,6 +309,12 @@ def make_plan(model: ModelSpec, layout: ParallelLayout, device: str | None = Non
                 flops, layout.to_dict(), device, device_memory, usable_fraction, ideal)
 
 
+def _recompute_mode(layout: dict[str, Any]) -> str:
+    if layout.get("recompute"):
+        return "full recompute"
+    return "selective recompute" if layout.get("selective_recompute") else "no recompute"
+
+
 def format_plan(plan: Plan) -> str:
     """The human table ``primus plan`` prints."""
     m = plan.memory
@@ -253,7 +337,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {name:<14}{value / GIB:10.2f}")
     lines.append(f"  activations: {m.layers_per_stage} layers x {m.microbatches_in_flight} micro-batch(es) in flight x "
                  f"{m.activations_per_layer / 2**20:.1f} MiB/layer "
-                 f"({'full recompute' if plan.layout['recompute'] else 'no recompute'}"
+                 f"({_recompute_mode(plan.layout)}"
                  f"{', flash attention' if m.flash_attention else ''})")
     if plan.device_memory is not None:
         budget = plan.device_memory * plan.usable_fraction

@@ -87,6 +87,18 @@ def worst_level(issues: list[LayoutIssue]) -> str:
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 SHARDING = ("none", "optimizer", "fsdp")  # replicated, distributed optimizer (ZeRO-1), FSDP (ZeRO-3)
+# Whose allocations the memory model follows (primus.plan.memory): megatron-core's local layer spec
+# (CPU), its Transformer Engine spec (GPU), TorchTitan; generic = the textbook formulas.
+MEMORY_MODELS = ("generic", "megatron", "megatron-te", "torchtitan")
+
+
+@dataclass(frozen=True)
+class ChunkPlacement:
+    """What one model chunk of a pipeline rank holds: decoder layer ids, and the embedding / loss ends."""
+
+    layers: tuple[int, ...]
+    embedding: bool
+    loss: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,11 +121,25 @@ class ParallelLayout:
     # Megatron's pipeline_model_parallel_layout ("Et*5|t*6|...|t*5,L"): layers per stage come from
     # it instead of an even n_layers / pp split
     pipeline_layout: str | None = None
+    vpp: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
+    sequence_parallel: bool = False  # norms (and what they save) on seq_len / tp tokens
+    recompute_layers: int | None = None  # with recompute: layers of each model chunk recomputed; None = all
+    recompute_group: int = 1  # with recompute: consecutive layers checkpointed as one unit (one input kept)
+    selective_recompute: bool = False  # Megatron: core attention; TorchTitan: op-level (every other matmul)
+    dp_shard: int | None = None  # FSDP: ranks a parameter is sharded over (HSDP: fewer than dp); None = dp
+    activation_dtype: str | None = None  # what the forward pass computes in; None = param_dtype
+    memory_model: str = "generic"  # MEMORY_MODELS
+    gpu: bool = False  # the run's kernels are the GPU's (fused norms) rather than CPU composites
+    grad_bucket_size: int | None = None  # Megatron DDP: parameters per gradient bucket; None = one bucket
+    loss_chunks: int = 1  # TorchTitan's chunked cross-entropy: logits of seq_len / loss_chunks at a time
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch_size", "seq_len"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch_size", "seq_len", "vpp", "recompute_group",
+                     "dp_shard", "recompute_layers", "loss_chunks", "grad_bucket_size"):
             value = getattr(self, name)
-            if name == "etp" and value is None:
+            if value is None and name in ("etp", "dp_shard", "recompute_layers", "grad_bucket_size"):
+                continue
+            if name == "recompute_layers" and value == 0:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"layout {name} must be a positive integer, got {value!r}")
@@ -123,8 +149,13 @@ class ParallelLayout:
         if self.sharding not in SHARDING:
             raise ConfigError(f"layout sharding must be one of {', '.join(SHARDING)}, got {self.sharding!r}"
                               f"{did_you_mean(self.sharding, SHARDING)}")
-        for name in ("param_dtype", "grad_dtype", "optimizer_dtype"):
+        if self.memory_model not in MEMORY_MODELS:
+            raise ConfigError(f"layout memory_model must be one of {', '.join(MEMORY_MODELS)}, got {self.memory_model!r}"
+                              f"{did_you_mean(str(self.memory_model), MEMORY_MODELS)}")
+        for name in ("param_dtype", "grad_dtype", "optimizer_dtype", "activation_dtype"):
             value = getattr(self, name)
+            if value is None and name == "activation_dtype":
+                continue
             if value not in DTYPE_BYTES:
                 raise ConfigError(f"layout {name} must be one of {', '.join(DTYPE_BYTES)}, got {value!r}"
                                   f"{did_you_mean(str(value), DTYPE_BYTES)}")
@@ -140,6 +171,11 @@ class ParallelLayout:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def compute_dtype(self) -> str:
+        """What the passes compute and FSDP gathers in (TorchTitan keeps fp32 parameters, computes in bf16)."""
+        return self.activation_dtype or self.param_dtype
+
     def stage_layer_ids(self, n_layers: int) -> list[list[int]]:
         """The decoder layer ids on each pipeline rank: from ``pipeline_layout``, else n_layers / pp
         consecutive layers per rank (the last rank may hold fewer)."""
@@ -147,6 +183,37 @@ class ParallelLayout:
             return pipeline_stage_layers(self.pipeline_layout, self.pp)
         per = -(-n_layers // self.pp)
         return [list(range(r * per, min(n_layers, (r + 1) * per))) for r in range(self.pp)]
+
+    def chunk_placement(self, n_layers: int) -> list[list[ChunkPlacement]]:
+        """[pipeline rank][model chunk]: the layers each holds, and where the embedding and the loss are.
+        Virtual stage i is chunk i // pp of rank i % pp (Megatron's interleaving); without a layout string,
+        n_layers / (pp x vpp) consecutive layers per virtual stage, the embedding on the first, the loss
+        on the last."""
+        stages = self.pp * self.vpp
+        if self.pipeline_layout is not None:
+            texts = parse_pipeline_layout(self.pipeline_layout)
+            stages, layer, spans = len(texts), 0, []
+            for text in texts:
+                count = text.count("t")
+                spans.append((tuple(range(layer, layer + count)), "E" in text, "L" in text))
+                layer += count
+        else:
+            per = -(-n_layers // stages)
+            spans = [(tuple(range(i * per, min(n_layers, (i + 1) * per))), i == 0, i == stages - 1)
+                     for i in range(stages)]
+        chunks = max(1, stages // self.pp)
+        return [[ChunkPlacement(*spans[c * self.pp + r]) for c in range(chunks)] for r in range(self.pp)]
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks a (non-expert) parameter's gradients and optimizer state are sharded over: FSDP's shard
+        group, or the data-parallel ranks (with context parallelism) of the distributed optimizer."""
+        return self.dp_shard * self.cp if self.dp_shard else self.dp * self.cp
+
+    @property
+    def expert_fsdp(self) -> int:
+        """FSDP2's shard group for routed experts (TorchTitan's ``efsdp``: dp_shard x cp x tp / ep)."""
+        return max(1, (self.dp_shard or self.dp) * self.cp * self.tp // self.ep) if self.ep > 1 else self.shard_group
 
     @property
     def world_size(self) -> int:

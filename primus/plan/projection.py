@@ -231,8 +231,8 @@ def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
     opts = opts or ProjectionOptions()
     if opts.vpp > 1 and layout.pp == 1:
         raise ConfigError("virtual pipeline stages (vpp > 1) need pipeline parallelism (pp > 1)")
-    act = DTYPE_BYTES[layout.param_dtype if layout.param_dtype != "fp8" else "bf16"]
-    gemm_dtype = opts.gemm_dtype if layout.param_dtype != "fp32" else "fp32"
+    act = DTYPE_BYTES[layout.compute_dtype if layout.compute_dtype != "fp8" else "bf16"]
+    gemm_dtype = opts.gemm_dtype if layout.compute_dtype != "fp32" else "fp32"
     c = _Costs(profile, act, gemm_dtype, opts.fused_elementwise, opts.attention)
     mbs = opts.pp_microbatch_size or layout.micro_batch_size
     per_dp_rank = layout.effective_global_batch_size // layout.dp
@@ -285,7 +285,7 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
     params = estimate_params(model, layout)
     dense, experts = params.per_rank - params.per_rank_experts, params.per_rank_experts
     p, gpn = c.p, c.p.gpus_per_node
-    grad_b, param_b = DTYPE_BYTES[layout.grad_dtype], DTYPE_BYTES[layout.param_dtype]
+    grad_b, param_b = DTYPE_BYTES[layout.grad_dtype], DTYPE_BYTES[layout.compute_dtype]  # gathered as computed
 
     def coll(op: str, count: int, nbytes: int, expert: bool = False) -> float:
         return collective_seconds(op, count * nbytes, g.expert_grad if expert else g.grad, p, gpn)
@@ -318,7 +318,7 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
 
 
 def _assumptions(opts: ProjectionOptions, layout: ParallelLayout) -> list[str]:
-    said = [f"linears in {opts.gemm_dtype}, activations in {layout.param_dtype}",
+    said = [f"linears in {opts.gemm_dtype}, activations in {layout.compute_dtype}",
             f"recompute {opts.recompute or ('full' if layout.recompute else 'none')}",
             "fused elementwise kernels" if opts.fused_elementwise else "eager elementwise kernels (~3x traffic)"]
     if layout.tp > 1:

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None):
-    """(ModelSpec, ParallelLayout) of one module of an experiment, from its adapter's ``EnginePlan``."""
+    """(ModelSpec, ParallelLayout) of one module of an experiment, planned for this host."""
     plan = plan_experiment(path, overrides, module_name, world_size)[0]
     return plan.model, plan.layout
 
@@ -46,10 +46,11 @@ def load_experiment(path: str, overrides: list[str], module_name: str | None, wo
 def plan_experiment(path: str, overrides: list[str], module_name: str | None, world_size: int | None = None,
                     target=None, *, admit: bool = False, say=None):
     """(EnginePlan, Admission or None) of one module of an experiment, planned for ``target`` (default:
-    this host's device) and, with ``admit``, its admission on it (refusals listed, not raised); ``say``
-    gets each ``differs:`` line (what the files say and what runs)."""
+    this host's device) without the engine's import (``primus.launch.job.describe_plan``) and, with
+    ``admit``, its admission on it (refusals listed, not raised); ``say`` gets each ``differs:`` line (what
+    the files say and what runs; the engine's own lines where the plan has its config)."""
     from primus.config.resolve import resolve_experiment
-    from primus.launch.job import plan_module, select_module
+    from primus.launch.job import describe_plan, select_module
     from primus.plan.target import host_target
     from primus.runtime.admission import admit as admission_of
     from primus.runtime.registry import backend_defaults, backend_derived
@@ -57,18 +58,19 @@ def plan_experiment(path: str, overrides: list[str], module_name: str | None, wo
     resolved = resolve_experiment(path, overrides, backend_defaults, backend_derived)
     module = select_module(resolved, module_name)
     target = target or host_target()
-    adapter, plan = plan_module(resolved, module, world_size, require_engine=False, target=target)
+    adapter, model, layout, plan = describe_plan(resolved, module, world_size, target=target)
     admission = admission_of(adapter, plan, target, module.translations, resolved.provenance) if admit else None
     if say is not None:
         from primus.compat.differs import lines_for
 
         for text in lines_for(module, plan.engine_config):
             say(text)
-    if plan.model is None or plan.layout is None:
+    if model is None or layout is None:
         raise ConfigError(f"{path}: modules.{module.name} ({module.framework}): the plan has no model description "
                           "to estimate (an LLM needs its vocab_size known before the tokenizer loads; a Wan model "
                           "a local pipeline with transformer/config.json or a known Hub name)")
     return plan, admission
+
 
 
 def build_options(args: argparse.Namespace, experiment: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -158,6 +158,13 @@ class BackendAdapter(ABC):
         ``run_dir`` and ``device`` are the worker's (the launcher plans for its own host).
         """
 
+    def describe(self, module: ModuleConfig, world_size: int | None, provenance: "Provenance | None" = None, *,
+                 device: str = "cpu") -> tuple["ModelSpec | None", "ParallelLayout | None"]:
+        """The neutral (model, layout) ``primus plan`` estimates; an adapter that can tell them without
+        importing its engine overrides this (``plan`` stays fast)."""
+        plan = self.plan(module, world_size, provenance, device=device)
+        return plan.model, plan.layout
+
     def admit(self, plan: EnginePlan, target: "Target") -> "list[Refusal]":
         """What the launch of ``plan`` on ``target`` would refuse (``primus.runtime.admission``): settings
         the engine accepts but this backend cannot run there. Empty: admitted."""

@@ -38,9 +38,9 @@ def test_first_line_states_world_size_and_device_and_their_source():
     first = out.stdout.splitlines()[0]
     assert first == "plan for world size 8 (8 per node x 1 node(s) from --nproc-per-node 8), device mi300x (--device)"
     assert out.returncode == 0 and "fits" in out.stdout  # FSDP over 8 ranks
-    one = plan(LLAMA8B, "--device", "mi300x")
+    one = plan(LLAMA8B, "--device", "h100")
     assert one.stdout.splitlines()[0].startswith("plan for world size 1 (not given (--nproc-per-node, -N)")
-    assert one.returncode == 1 and "does NOT fit" in one.stdout  # 8B on one device: why the two differ
+    assert one.returncode == 1 and "does NOT fit" in one.stdout  # 8B on one 80 GB device: why the two differ
     env = plan(LLAMA8B, "-N", "2", env=_env(GPUS_PER_NODE="4"))
     assert env.stdout.splitlines()[0].startswith(
         "plan for world size 8 (4 per node x 2 node(s) from $GPUS_PER_NODE=4, -N 2), no device")

@@ -89,7 +89,7 @@ class MegatronAdapter(BackendAdapter):
         if world_size is not None:
             check_parallel_layout(args, world_size, module=module.name)
         vocab, vocab_source = plan_vocab(args)  # a plan never needs the tokenizer's files: they may be elsewhere
-        model, layout = describe(args, module.params.get("model"), world_size, vocab_size=vocab)
+        model, layout = describe(args, module.params.get("model"), world_size, device, vocab_size=vocab)
         if not args.vocab_size:
             derived.append(("vocab_size", vocab or "unknown", f"{vocab_source}; the run reads the tokenizer"
                             if vocab else f"{vocab_source}: the plan counts no embedding or output layer"))
@@ -142,10 +142,12 @@ class MegatronAdapter(BackendAdapter):
         if tiny_assets_dir(plan.module.params) is not None:
             return  # built by prepare() before the ranks start
         from primus.backends.megatron.data import DATA_KEYS, data_prefixes
+        from primus.backends.megatron.validate_args import require_data_source
 
         from primus.backends.megatron.tokenizers import files_of
 
         args, prefix = plan.engine_config, f"modules.{plan.module.name}"
+        require_data_source(args, plan.module.name)  # a launch reads data; a plan needs none
         # a Hub id (a HuggingFaceTokenizer's tokenizer_model) is fetched when the run starts
         checks = [(key, Path(path)) for key, path in files_of(args) if not is_hub_id(path)]
         if args.pretrained_checkpoint:

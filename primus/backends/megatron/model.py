@@ -224,6 +224,19 @@ def mtp_spec(args: MegatronArgs, config, spec, *, use_te: bool, vp_stage: int | 
     return get_gpt_mtp_block_spec(config, last, use_transformer_engine=use_te, vp_stage=vp_stage)
 
 
+def parallel_sizes(args: MegatronArgs) -> dict[str, Any]:
+    """megatron-core's ``parallel_state.initialize_model_parallel`` sizes, from Megatron-LM's arguments."""
+    from primus.backends.megatron.validate_args import virtual_pipeline_size
+
+    return dict(tensor_model_parallel_size=args.tensor_model_parallel_size,
+                pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                virtual_pipeline_model_parallel_size=virtual_pipeline_size(args),
+                context_parallel_size=args.context_parallel_size,
+                hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
+                expert_model_parallel_size=args.expert_model_parallel_size,
+                expert_tensor_parallel_size=args.expert_tensor_parallel_size)
+
+
 def build_model(args: MegatronArgs, config, vocab_size: int, *, use_te: bool) -> list:
     """GPTModel chunks for this rank (one, or one per virtual pipeline stage), as Megatron-LM's gpt_builder."""
     from megatron.core import parallel_state

@@ -37,6 +37,9 @@ MEGATRON_LM_DEFAULTS: dict[str, Any] = {
     "recompute_method": None, "recompute_num_layers": None, "pipeline_model_parallel_layout": None,
     "use_distributed_optimizer": False, "use_torch_fsdp2": False, "use_megatron_fsdp": False,
     "bf16": False, "fp16": False,
+    "num_layers_per_virtual_pipeline_stage": None, "num_virtual_stages_per_pipeline_rank": None,
+    "sequence_parallel": False, "accumulate_allreduce_grads_in_fp32": False, "overlap_grad_reduce": False,
+    "ddp_bucket_size": None, "transformer_impl": "transformer_engine",
 }
 # Names our argument schema used before it followed Megatron-LM's dests (read as fallbacks).
 _OLD_NAMES = {"layernorm_epsilon": "norm_epsilon"}
@@ -139,22 +142,56 @@ def model_from_args(args: Any) -> ModelSpec:
         raise ConfigError(f"the Megatron model arguments do not describe a valid network: {message}") from None
 
 
-def layout_from_args(args: Any, world_size: int | None = None) -> ParallelLayout:
-    """The ``ParallelLayout`` of ``args`` on ``world_size`` ranks (default: the launcher's environment)."""
+def layout_from_args(args: Any, world_size: int | None = None, device: str = "cpu") -> ParallelLayout:
+    """The ``ParallelLayout`` of ``args`` on ``world_size`` ranks (default: the launcher's environment), with
+    megatron-core's memory layout: its local layer spec on CPU, Transformer Engine's on a GPU."""
     a = resolved_args(args)
     world = world_size or _environment_world_size()
     tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
+    dp = max(1, world // (tp * pp * cp))
     sharding = "fsdp" if (a.use_torch_fsdp2 or a.use_megatron_fsdp) else \
         "optimizer" if a.use_distributed_optimizer else "none"
+    param_dtype = "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32"
+    te = device.startswith("cuda") and a.transformer_impl == "transformer_engine"
     return ParallelLayout(
-        tp=tp, pp=pp, cp=cp, dp=max(1, world // (tp * pp * cp)),
+        tp=tp, pp=pp, cp=cp, dp=dp,
         ep=a.expert_model_parallel_size, etp=a.expert_tensor_parallel_size,
         micro_batch_size=a.micro_batch_size or 1, global_batch_size=a.global_batch_size,
-        seq_len=a.seq_length or 2048, recompute=a.recompute_granularity == "full" and not (a.recompute_method == "block" and a.recompute_num_layers == 0),
-        sharding=sharding,
-        param_dtype="bf16" if a.bf16 else "fp16" if a.fp16 else "fp32",
-        pipeline_layout=a.pipeline_model_parallel_layout,
+        seq_len=a.seq_length or 2048, sharding=sharding, param_dtype=param_dtype,
+        grad_dtype="fp32" if a.accumulate_allreduce_grads_in_fp32 else param_dtype,
+        pipeline_layout=a.pipeline_model_parallel_layout, vpp=_virtual_stages(a),
+        sequence_parallel=bool(a.sequence_parallel) and tp > 1,
+        **_recompute(a),
+        memory_model="megatron-te" if te else "megatron", gpu=device.startswith("cuda"),
+        # megatron-core DDP: buckets only when gradient reduction overlaps the backward pass
+        grad_bucket_size=(a.ddp_bucket_size or max(40_000_000, 1_000_000 * dp * cp)) if a.overlap_grad_reduce else None,
     )
+
+
+def _virtual_stages(a) -> int:
+    """Megatron-LM's virtual_pipeline_model_parallel_size (1: no interleaving)."""
+    pp = a.pipeline_model_parallel_size
+    if a.pipeline_model_parallel_layout is not None:
+        from primus.plan.layout import parse_pipeline_layout
+
+        return max(1, len(parse_pipeline_layout(a.pipeline_model_parallel_layout)) // pp)
+    if a.num_virtual_stages_per_pipeline_rank is not None:
+        return max(1, a.num_virtual_stages_per_pipeline_rank)
+    if a.num_layers_per_virtual_pipeline_stage is not None:
+        return max(1, a.num_layers // pp // a.num_layers_per_virtual_pipeline_stage)
+    return 1
+
+
+def _recompute(a) -> dict[str, Any]:
+    """Megatron-LM's recomputation: full (uniform: every layer, in groups of recompute_num_layers; block: the
+    first recompute_num_layers of each model chunk) or selective (the core attention)."""
+    if a.recompute_granularity == "selective":
+        return {"selective_recompute": True}
+    if a.recompute_granularity != "full" or (a.recompute_method == "block" and a.recompute_num_layers == 0):
+        return {}
+    if a.recompute_method == "block":
+        return {"recompute": True, "recompute_layers": a.recompute_num_layers}
+    return {"recompute": True, "recompute_group": a.recompute_num_layers or 1}
 
 
 def plan_from_args(args: Any, world_size: int | None = None) -> tuple[ModelSpec, ParallelLayout]:
@@ -198,9 +235,9 @@ def plan_inputs(params: dict[str, Any], world_size: int | None = None):
 
 
 def describe(args: Any, neutral: Mapping[str, Any] | None, world_size: int | None,
-             vocab_size: int | None = None) -> tuple[ModelSpec | None, ParallelLayout]:
+             device: str = "cpu", vocab_size: int | None = None) -> tuple[ModelSpec | None, ParallelLayout]:
     """What ``EnginePlan`` holds for parsed Megatron arguments: the network and the layout on
-    ``world_size`` ranks (one data-parallel replica when the world is not known yet).
+    ``world_size`` ranks (one data-parallel replica when the world is not known yet), for ``device``'s kernels.
 
     ``vocab_size`` is the vocabulary a plan knows without loading the tokenizer (``tokenizers.plan_vocab``);
     None: unknown, and the network is described with a vocabulary of 0 (embedding and output layer not
@@ -217,4 +254,4 @@ def describe(args: Any, neutral: Mapping[str, Any] | None, world_size: int | Non
         model = model.model_copy(update=kept)
     parallel = (source.get("tensor_model_parallel_size") or 1) * (source.get("pipeline_model_parallel_size") or 1) \
         * (source.get("context_parallel_size") or 1)
-    return model, layout_from_args(source, world_size or parallel)
+    return model, layout_from_args(source, world_size or parallel, device)

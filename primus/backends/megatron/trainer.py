@@ -21,6 +21,7 @@ from primus.backends.megatron.model import (
     build_optimizer,
     build_scheduler,
     padded_vocab_size,
+    parallel_sizes,
     transformer_config,
     use_transformer_engine,
     wrap_float16,
@@ -31,7 +32,7 @@ from primus.backends.megatron.saving import CheckpointSaver
 from primus.backends.megatron.tokenizers import build_tokenizer
 from primus.backends.megatron.aux_losses import aux_loss_metrics
 from primus.backends.megatron.admission import check_arguments
-from primus.backends.megatron.validate_args import check_parallel_layout, virtual_pipeline_size
+from primus.backends.megatron.validate_args import check_parallel_layout
 from primus.config.errors import ConfigError
 from primus.plan.target import Target, host_target
 from primus.runtime.admission import Admission
@@ -163,15 +164,7 @@ class MegatronTrainer:
             "global_batch_size / (micro_batch_size x data-parallel size)")
         derived.set("data_parallel_size", self.dp, "world size / (tensor x pipeline x context parallel)")
 
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=args.tensor_model_parallel_size,
-            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=virtual_pipeline_size(args),
-            context_parallel_size=args.context_parallel_size,
-            hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
-            expert_model_parallel_size=args.expert_model_parallel_size,
-            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
-        )
+        parallel_state.initialize_model_parallel(**parallel_sizes(args))
         # Schedules read the micro-batch count from this global calculator.
         init_num_microbatches_calculator(ctx.rank, None, self.gbs, args.micro_batch_size, self.dp)
         # Megatron-LM's rerun machine re-runs steps from its own loop; here it only validates (disabled mode)

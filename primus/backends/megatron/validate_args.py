@@ -111,14 +111,12 @@ def _data_rules(args, m: str) -> None:
     per_split = [args.train_data_path, args.valid_data_path, args.test_data_path]
     if any(p is not None for p in per_split) and args.per_split_data_args_path is not None:
         raise _fail(m, "train/valid/test_data_path and per_split_data_args_path are exclusive")
-    sources = int(bool(args.mock_data)) + int(bool(args.data_path)) + int(any(per_split))
+    sources = data_sources(args)
     if sources > 1:
         raise _fail(m, "give one data source: mock_data, data_path, or train_data_path/valid_data_path/"
                        "test_data_path (Megatron-LM)")
-    if sources == 0:
-        raise _fail(m, "set data_path (indexed .bin/.idx prefixes), train_data_path/valid_data_path/test_data_path, "
-                       "or mock_data: true")
-    if not args.mock_data and args.tokenizer_type is None:
+    # none at all is Megatron-LM's "<= 1" too: planning a model needs no data; a launch does (require_data_source)
+    if sources and not args.mock_data and args.tokenizer_type is None:
         raise _fail(m, "real data needs tokenizer_type (HuggingFaceTokenizer with tokenizer_model, GPT2BPETokenizer "
                        "with vocab_file and merge_file, Llama2Tokenizer / SentencePieceTokenizer / TikTokenizer with "
                        "tokenizer_model)", "tokenizer_type")
@@ -134,6 +132,18 @@ def _data_rules(args, m: str) -> None:
     elif args.seq_length is not None and args.encoder_seq_length is not None:
         raise _fail(m, "seq_length and encoder_seq_length are the same argument: give one", "encoder_seq_length")
 
+
+def data_sources(args) -> int:
+    """How many of Megatron-LM's data sources the arguments give (mock, data_path, per-split paths)."""
+    per_split = (args.train_data_path, args.valid_data_path, args.test_data_path)
+    return int(bool(args.mock_data)) + int(bool(args.data_path)) + int(any(per_split))
+
+
+def require_data_source(args, module: str = "pre_trainer") -> None:
+    """A launch reads data: Megatron-LM's dataset builder needs one source (validate_args accepts none)."""
+    if not data_sources(args):
+        raise _fail(module, "set data_path (indexed .bin/.idx prefixes), train_data_path/valid_data_path/"
+                            "test_data_path, or mock_data: true (a run reads data; plan and validate need none)")
 
 def _iterations_or_samples(args, m: str) -> None:
     """Megatron-LM's iteration- vs sample-based training (validate_args and update_train_iters, d3528a2): one

@@ -98,7 +98,7 @@ class TorchTitanAdapter(BackendAdapter):
             _check_dataset(cfg, prefix, provenance)
         if world_size is not None:
             _check_world_size(module, world_size, provenance)
-        layout = parallel_layout(params, world_size)  # [tt] the model is `spec`, built once above
+        layout = parallel_layout(params, world_size, spec.n_layers, device)  # the model is `spec`, built once above
         directory = Path(cfg.dump_folder) / cfg.checkpoint.folder
         source = hf_start.hf_source(params)  # [#15] TorchTitan loads these safetensors itself
         checkpoint = CheckpointSpec(directory, load=str(source), format="hf") if source else CheckpointSpec(directory)
@@ -107,6 +107,21 @@ class TorchTitanAdapter(BackendAdapter):
         for key, value, reason in [*derived, *more]:
             plan.derive(key, value, reason)
         return plan
+
+    def describe(self, module: ModuleConfig, world_size: int | None, provenance: Provenance | None = None, *,
+                 device: str = "cpu"):
+        """From TorchTitan's registry as tools/gen_torchtitan_plan_table.py recorded it, without importing
+        torch or TorchTitan; the engine's own config where the table cannot tell (post-training, Llama 4,
+        a registry keyword it does not cover)."""
+        from primus.backends.torchtitan.config import BuildContext
+        from primus.backends.torchtitan.plan import describe
+
+        if hf_start.is_post_training(module.params, module.stage):
+            return super().describe(module, world_size, provenance, device=device)
+        if world_size is not None:
+            _check_world_size(module, world_size, provenance)
+        found = describe(module.params, world_size, device, BuildContext(provenance, f"modules.{module.name}").fail)
+        return found if found is not None else super().describe(module, world_size, provenance, device=device)
 
     def derived_params(self, params: dict[str, Any], stage: str = "pretrain") -> list[tuple[str, Any, str]]:
         """What ``primus.tiny_assets`` sets; resolution records it, so ``config show --why`` tells (ux, #18).

@@ -7,7 +7,10 @@ experts, MTP layers. ``parallel_layout`` reads the parallelism settings.
 """
 from __future__ import annotations
 
+import functools
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from primus.plan.model import ModelSpec
@@ -84,10 +87,13 @@ def model_spec_from_titan(config: Any, family: str) -> ModelSpec:
     return ModelSpec(**fields)
 
 
-def parallel_layout(params: dict[str, Any], world_size: int | None = None):
+def parallel_layout(params: dict[str, Any], world_size: int | None = None, n_layers: int | None = None,
+                    device: str = "cpu"):
     """The ``ParallelLayout``. ``data_parallel_shard_degree: -1`` fills the world (``world_size``
     when the launcher knows it, else ``WORLD_SIZE`` or ``GPUS_PER_NODE x NNODES``, else 1), as
-    TorchTitan does at start-up."""
+    TorchTitan does at start-up. Memory as TorchTitan lays it out: FSDP2 on every parameter (a shard
+    group of one included), parameters and gradients kept in fp32 and computed in
+    ``mixed_precision_param``, sequence parallelism with tensor parallelism, a chunked loss."""
     from primus.plan.layout import ParallelLayout
 
     training = params.get("training") or {}
@@ -101,12 +107,114 @@ def parallel_layout(params: dict[str, Any], world_size: int | None = None):
         shard = max(1, _world_size(world_size) // (tp * pp * cp * replicate))
     mode = (params.get("activation_checkpoint") or {}).get("mode", "selective")
     global_batch = training.get("global_batch_size", -1)
+    local = training.get("local_batch_size", 8)
+    micro = parallel.get("pipeline_parallel_microbatch_size", 1) if pp > 1 else local
+    compute = "bf16" if training.get("mixed_precision_param", "bfloat16") == "bfloat16" else "fp32"
     return ParallelLayout(
         tp=tp, pp=pp, cp=cp, dp=replicate * shard, ep=parallel.get("expert_parallel_degree", 1),
-        micro_batch_size=training.get("local_batch_size", 8),
-        global_batch_size=global_batch if global_batch and global_batch > 0 else None,
+        micro_batch_size=micro,
+        global_batch_size=(global_batch if global_batch and global_batch > 0 else local * replicate * shard),
         seq_len=training.get("seq_len", 2048),
-        recompute=mode == "full",
-        sharding="fsdp" if shard > 1 else "none",
-        param_dtype="bf16" if training.get("mixed_precision_param", "bfloat16") == "bfloat16" else "fp32",
+        recompute=mode == "full", selective_recompute=mode == "selective",
+        sharding="fsdp", dp_shard=shard, param_dtype="fp32", activation_dtype=compute, master_weights=False,
+        grad_dtype="bf16" if training.get("mixed_precision_reduce", "float32") == "bfloat16" else "fp32",
+        pipeline_layout=_stage_layout(parallel, pp, n_layers) if pp > 1 and n_layers else None,
+        sequence_parallel=tp > 1 and parallel.get("enable_sequence_parallel", True), memory_model="torchtitan",
+        gpu=device.startswith("cuda"),
+        loss_chunks=((params.get("loss") or {}).get("num_chunks") or 8),
     )
+
+
+def _stage_layout(parallel: dict[str, Any], pp: int, n_layers: int) -> str:
+    """TorchTitan's split of layers over pipeline stages (``_generate_llm_fqn_per_model_part``: the
+    embedding and the output head count as ``first/last_stage_less_layers`` layers each, the rest evenly,
+    earlier stages one more), in Megatron's layout notation. One stage per rank (single-stage schedules)."""
+    first = parallel.get("pipeline_parallel_first_stage_less_layers", 1)
+    last = parallel.get("pipeline_parallel_last_stage_less_layers", 1)
+    effective = n_layers + first + last
+    per, extra = divmod(effective, pp)
+    stages, layer = [], 0
+    for stage in range(pp):
+        share = per + (1 if stage < extra else 0) - (first if stage == 0 else last if stage == pp - 1 else 0)
+        count = max(0, min(share, n_layers - layer))
+        layer += count
+        stages.append(("E" if stage == 0 else "") + "t" * count + ("L" if stage == pp - 1 else ""))
+    return "|".join(stages)
+
+
+# ---- `primus plan` without TorchTitan: the registry read once by tools/gen_torchtitan_plan_table.py ----
+
+TABLE = Path(__file__).with_name("plan_table.json")
+# registry keys Primus applies itself on top of a flavor (registry.py), and how they change the description
+_OVERRIDES = ("n_layers", "vocab_size", "num_experts", "top_k", "load_balance_coeff")
+
+
+@functools.cache
+def plan_table() -> dict[str, Any]:
+    return json.loads(TABLE.read_text(encoding="utf-8"))
+
+
+def describe(params: dict[str, Any], world_size: int | None, device: str, fail) -> tuple[ModelSpec, Any] | None:
+    """(ModelSpec, ParallelLayout) from the generated table, torch-free; None where only TorchTitan can tell
+    (a model or a registry keyword the table does not cover: the caller asks the engine). ``fail(key,
+    message)`` makes the ConfigError of a misspelt key in the sections the plan reads."""
+    from primus.config.errors import did_you_mean
+
+    table = plan_table()
+    for section in ("training", "parallelism", "loss"):
+        for key in params.get(section) or {}:
+            if key not in table["sections"][section]:
+                raise fail(f"{section}.{key}", f"unknown key for TorchTitan's {section} config"
+                                               f"{did_you_mean(key, table['sections'][section])}")
+    mode = (params.get("activation_checkpoint") or {}).get("mode", "selective")
+    if mode not in table["sections"]["activation_checkpoint_modes"]:
+        modes = table["sections"]["activation_checkpoint_modes"]
+        raise fail("activation_checkpoint.mode", f"'{mode}' is not one of {', '.join(modes)}{did_you_mean(str(mode), modes)}")
+    model = _table_model(params.get("model"), table, fail)
+    if model is None:
+        return None
+    return model, parallel_layout(params, world_size, model.n_layers, device)
+
+
+def _table_model(block: Any, table: dict[str, Any], fail) -> ModelSpec | None:
+    from primus.backends.torchtitan.registry import RegistryModel, _suggest, is_registry_model
+    from primus.config.errors import did_you_mean
+
+    if not isinstance(block, dict):
+        return None  # the engine path says what is wrong
+    if not is_registry_model(block):
+        return ModelSpec(**block)
+    models = table["models"]
+    name, flavor = block.get("name"), str(block.get("flavor"))
+    if name not in models:
+        if name == "llama4" or name is None:
+            return None  # llama4: transformers' model (llama4.py); no name: the engine path says so
+        raise fail("model.name", f"'{name}' is not a TorchTitan model{did_you_mean(str(name), models)}; "
+                                 f"known: {', '.join(sorted(models))}")
+    entry = models[name]
+    if flavor not in entry["flavors"]:
+        if flavor in entry["not_planned"] or "*" in entry["not_planned"]:
+            return None
+        raise fail("model.flavor", f"'{flavor}' is not a flavor of TorchTitan's {name}"
+                                   f"{_suggest(flavor, entry['flavors'])}; known: {', '.join(entry['flavors'])}")
+    extra = set(block) - {"name", "flavor", *_OVERRIDES}
+    if extra:
+        return None  # another model_registry keyword: what it changes, TorchTitan knows
+    given = RegistryModel(**block)
+    fields = dict(entry["flavors"][flavor])
+    if given.n_layers is not None:
+        layers = fields["n_layers"]
+        if given.n_layers > layers:
+            raise fail("model.n_layers", f"{given.n_layers} is more than the {layers} layers of {name} {flavor} "
+                                         "(n_layers keeps the first n)")
+        fields["n_layers"] = given.n_layers
+        if isinstance(fields.get("moe_layer_freq"), list):
+            fields["moe_layer_freq"] = fields["moe_layer_freq"][:given.n_layers]
+    if given.vocab_size is not None:
+        fields["vocab_size"] = given.vocab_size
+    for key, target in (("num_experts", "n_experts"), ("top_k", "top_k")):
+        if getattr(given, key) is not None:
+            if not fields.get("n_experts"):
+                raise fail(f"model.{key}", f"{name} {flavor} has no MoE layers")
+            fields[target] = getattr(given, key)
+    return ModelSpec(**fields)
