@@ -3,11 +3,12 @@ every step row of metrics.jsonl, so that two runs can be shown to have consumed 
 in the same order (an interrupted and resumed run against an uninterrupted one).
 
 Each rank digests the samples it fed (8 bytes of BLAKE2b per sample, over its token ids or
-latents), keyed by the sample's place in the global batch: Megatron's global sample index, else
-(data-parallel rank, order of arrival). At the step's end every rank hands its keys and digests to
+latents), keyed by the sample's place in the global batch: Megatron's global sample index; a
+loader that deals one global order round-robin (TorchTitan's ``dataloader.reshardable``) the place
+in that order; else (data-parallel rank, order of arrival). At the step's end every rank hands its keys and digests to
 all the others (``all_gather_object``: a few bytes per sample); duplicates from tensor-, pipeline-
 or context-parallel ranks, which feed the same samples, collapse; the digests, ordered by key, are
-digested again. With global keys (Megatron) the hash does not depend on how many ranks fed it.
+digested again. With global keys (the first two) the hash does not depend on how many ranks fed it.
 """
 from __future__ import annotations
 
@@ -32,20 +33,25 @@ class BatchDigest:
         self._samples: dict[tuple[int, ...], bytes] = {}
         self._arrived = 0  # rows recorded without a global key since the last finish
 
-    def add(self, rows: Any, keys: Iterable[int | tuple[int, ...]] | None = None, *, group_rank: int | None = None) -> None:
+    def add(self, rows: Any, keys: Iterable[int | tuple[int, ...]] | None = None, *, group_rank: int | None = None,
+            dealt_over: int | None = None) -> None:
         """The rows (``[n, ...]``) of one micro-batch; ``keys``: their global sample indices, or
-        None: (``group_rank``, order of arrival), ``group_rank`` the data-parallel rank."""
+        None: (``group_rank``, order of arrival), ``group_rank`` the data-parallel rank; with
+        ``dealt_over`` (the data-parallel degree of a round-robin loader, whose rank r takes samples
+        r, r + degree, ...) the place in the step's global order, ``group_rank + degree * arrival``."""
         if keys is None:
-            first = self._arrived
+            first, rank = self._arrived, self.rank if group_rank is None else group_rank
             self._arrived += len(rows)
-            keys = [(self.rank if group_rank is None else group_rank, first + i) for i in range(len(rows))]
+            arrivals = range(first, first + len(rows))
+            keys = [rank + dealt_over * i for i in arrivals] if dealt_over else [(rank, i) for i in arrivals]
         for key, row in zip(keys, rows):
             self._samples.setdefault(key if isinstance(key, tuple) else (key,), sample_digest(row))
 
-    def recorded(self, batches: Iterable[Any], rows: Callable[[Any], Any], group_rank: int) -> Iterator[Any]:
-        """``batches`` unchanged, each one's ``rows(batch)`` added as it is taken."""
+    def recorded(self, batches: Iterable[Any], rows: Callable[[Any], Any], group_rank: int,
+                 dealt_over: int | None = None) -> Iterator[Any]:
+        """``batches`` unchanged, each one's ``rows(batch)`` added as it is taken (``add``'s keys)."""
         for batch in batches:
-            self.add(rows(batch), group_rank=group_rank)
+            self.add(rows(batch), group_rank=group_rank, dealt_over=dealt_over)
             yield batch
 
     def finish(self) -> str:

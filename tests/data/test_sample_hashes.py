@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from primus.runtime.sample_hash import BatchDigest
+from primus.runtime.sample_hash import BatchDigest, sample_digest
 from tests.conftest import ROOT, TINY_EXAMPLE
 from tests.helpers import read_metrics
 
@@ -37,6 +37,12 @@ def test_the_hash_follows_the_samples_and_their_global_order():
     digest.add(batch[2:])
     assert digest.finish() == hashed([([(1, i) for i in range(6)], batch)])  # no global key: (rank, arrival)
     assert digest.finish() == BatchDigest().finish()  # each step starts empty
+    dealt = [BatchDigest(rank) for rank in (0, 1)]  # a round-robin loader at degree 2: rank r fed rows r, r + 2, ...
+    for rank, rank_digest in enumerate(dealt):
+        rank_digest.add(batch[rank::2][:2], group_rank=rank, dealt_over=2)  # two micro-batches
+        rank_digest.add(batch[rank::2][2:], group_rank=rank, dealt_over=2)
+    gathered = {key: value for rank_digest in dealt for key, value in rank_digest._samples.items()}
+    assert [gathered[key] for key in sorted(gathered)] == [sample_digest(row) for row in batch]  # the global order
 
 
 def _hashes_and_losses(workspace, name):
@@ -74,18 +80,36 @@ def test_torchtitan_resume_consumes_the_same_samples(run_primus, workspace):
                           ["training.steps=8", "checkpoint.interval=100"], 8)
 
 
+def _two_ranks_resumed_on_one(run_primus, workspace, example, overrides, steps):
+    """A 1-rank run, and a 2-rank run stopped at step 3 and resumed on 1 rank: same hashes, losses to 1e-5
+    (the gradient reduction sums in another order)."""
+    straight = run_primus("train", example, "exp_name=straight", *overrides)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    first = run_primus("train", example, "--nproc-per-node", "2", "exp_name=split", *overrides,
+                       env={"PRIMUS_FAULT_INJECT": "term@rank0:step3"})
+    assert first.returncode == 75, first.stderr[-2000:]
+    second = run_primus("train", example, "exp_name=split", *overrides)
+    assert second.returncode == 0, second.stderr[-2000:]
+    (hashes, losses), (split_hashes, split_losses) = (_hashes_and_losses(workspace, name) for name in ("straight", "split"))
+    assert [step for step, _ in hashes] == list(range(1, steps + 1)) and len({h for _, h in hashes}) == steps
+    assert split_hashes == hashes
+    assert split_losses == pytest.approx(losses, abs=1e-5)
+
+
 @pytest.mark.e2e
 def test_megatron_keeps_the_global_sample_order_when_resumed_on_fewer_ranks(run_primus, workspace):
     """2 data-parallel ranks stopped at step 3, resumed on 1: the global batches of the 1-rank run."""
     pytest.importorskip("megatron.core")
-    overrides = ["primus.sample_hashes=true", "train_iters=6", "save_interval=100", "eval_interval=100"]
-    straight = run_primus("train", MEGATRON, "exp_name=straight", *overrides)
-    assert straight.returncode == 0, straight.stderr[-2000:]
-    first = run_primus("train", MEGATRON, "--nproc-per-node", "2", "exp_name=split", *overrides,
-                       env={"PRIMUS_FAULT_INJECT": "term@rank0:step3"})
-    assert first.returncode == 75, first.stderr[-2000:]
-    second = run_primus("train", MEGATRON, "exp_name=split", *overrides)
-    assert second.returncode == 0, second.stderr[-2000:]
-    (hashes, losses), (split_hashes, split_losses) = (_hashes_and_losses(workspace, name) for name in ("straight", "split"))
-    assert split_hashes == hashes
-    assert split_losses == pytest.approx(losses, abs=1e-5)  # the gradient all-reduce sums in another order
+    _two_ranks_resumed_on_one(run_primus, workspace, MEGATRON,
+                              ["primus.sample_hashes=true", "train_iters=6", "save_interval=100", "eval_interval=100"], 6)
+
+
+@pytest.mark.e2e
+def test_torchtitan_reshardable_keeps_the_global_sample_order_when_resumed_on_fewer_ranks(run_primus, workspace):
+    """dataloader.reshardable: 2 FSDP ranks stopped at step 3, resumed on 1 (global batch 8 both ways: one
+    micro-batch of 4 per rank, or two on the one rank): the global batches of the 1-rank run. Without
+    reshardable the resume is refused before any rank starts (tests/backends/torchtitan/test_reshard.py)."""
+    pytest.importorskip("torchtitan")
+    _two_ranks_resumed_on_one(run_primus, workspace, TINY_EXAMPLE,
+                              ["primus.sample_hashes=true", "dataloader.reshardable=true", "training.steps=6",
+                               "training.global_batch_size=8", "training.local_batch_size=4", "checkpoint.interval=100"], 6)

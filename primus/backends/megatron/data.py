@@ -93,6 +93,23 @@ def build_datasets(args: MegatronArgs, tokenizer, global_batch_size: int, dp_siz
     return BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
 
 
+def blend_summary(dataset, split: str, samples: int | None = None) -> str | None:
+    """The log line of a blended split (megatron-core's ``BlendedDataset``): each dataset's weight and how
+    many of the split's first ``samples`` (all: None) it gives (its ``dataset_index``: the order the run
+    reads); None for a single dataset. megatron-core sizes a blend at the sum of each dataset's rounded-up
+    share, a sample or two over what the run asks for."""
+    import numpy
+
+    from primus.data.blend import describe_blend
+
+    if dataset is None or not hasattr(dataset, "dataset_index"):
+        return None
+    drawn = dataset.dataset_index[:len(dataset) if samples is None else min(samples, len(dataset))]
+    counts = numpy.bincount(drawn, minlength=len(dataset.datasets)).tolist()
+    weights = dataset.weights or [1 / len(dataset.datasets)] * len(dataset.datasets)  # None: exhaustive
+    return describe_blend(split, [d.dataset_path for d in dataset.datasets], weights, counts)
+
+
 def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, micro_batch_size: int,
                   dp_rank: int, dp_size: int, device: str = "cpu", cyclic: bool = False, data_sharding: bool = True):
     """This rank's micro-batches for one global batch, on ``device`` (Megatron-LM's ``get_batch`` moves
@@ -103,7 +120,7 @@ def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, mic
       ``consumed + j*mbs*dp + d*mbs``;
     - ``cyclic`` (MegatronPretrainingRandomSampler, re-iterated each epoch): ``cyclic_indices``.
     """
-    import torch
+    from torch.utils.data import default_collate
 
     step = micro_batch_size * dp_size
     out = []
@@ -114,8 +131,8 @@ def micro_batches(dataset, *, consumed_samples: int, global_batch_size: int, mic
         else:
             first = start + dp_rank * micro_batch_size
             indices = [(first + k) % len(dataset) for k in range(micro_batch_size)]
-        samples = [dataset[i] for i in indices]
-        out.append({key: torch.stack([s[key] for s in samples]).to(device, non_blocking=True) for key in samples[0]})
+        batch = default_collate([dataset[i] for i in indices])  # Megatron-LM's DataLoader collates so (a blend's
+        out.append({key: value.to(device, non_blocking=True) for key, value in batch.items()})  # numpy dataset_id too)
     return out
 
 

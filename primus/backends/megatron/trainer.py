@@ -14,7 +14,7 @@ from pathlib import Path
 
 from primus.backends.megatron import checkpoint as ckpt
 from primus.backends.megatron.arguments import MegatronArgs
-from primus.backends.megatron.data import build_datasets, micro_batches, sample_positions
+from primus.backends.megatron.data import blend_summary, build_datasets, micro_batches, sample_positions
 from primus.backends.megatron.model import (
     Derived,
     build_model,
@@ -224,6 +224,9 @@ class MegatronTrainer:
             self.train_ds, self.valid_ds = self.post.datasets(args.seq_length, args.seed, ctx)
         else:
             self.train_ds, self.valid_ds, _ = build_datasets(args, self.tokenizer, self.gbs, self.dp)
+            trained = blend_summary(self.train_ds, "train", samples=args.train_iters * self.gbs)
+            for line in filter(None, (trained, blend_summary(self.valid_ds, "valid"))):
+                ctx.logger.info(line)
 
     def _load(self) -> None:
         """Resume from ``load`` (or this run's own checkpoints); with none there, start from

@@ -243,7 +243,7 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.trainer import Trainer
 
-    from primus.backends.torchtitan.data import PrimusTextDataLoader
+    from primus.backends.torchtitan.data import PrimusTextDataLoader, blend_problem
 
     ctx = BuildContext(provenance, prefix)
     for key in non_finite_numbers(params):
@@ -269,6 +269,9 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         if cfg.activation_checkpoint is None:
             native.pop("activation_checkpoint")
     apply_tree(cfg, native, ctx)
+    problem = blend_problem(cfg.dataloader)
+    if problem:
+        raise ctx.fail("dataloader.blend", problem)
     _float8(cfg, params["model"], device, ctx)
     check_ranges(cfg, ctx.fail)
     _check_parallelism(cfg, spec, ctx)

@@ -34,6 +34,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from primus.backends.torchtitan.checkpoint_failures import SaveFailures
+from primus.backends.torchtitan.data import dealt_over
 from primus.backends.torchtitan.steps import ExpertLoad, StepLoss, batch_rank, global_loss
 from primus.runtime.checkpoints import check_model_matches, gathered, save_errors
 from primus.runtime.metrics import EvalReport, StepReport
@@ -147,7 +148,8 @@ class PrimusTrainer(Trainer):
         batches = timed_iterator(super().batch_generator(data_iterable), self.ctx.phase("data"))
         if self.ctx.samples is None:
             return batches
-        return self.ctx.samples.recorded(batches, rows=lambda batch: batch[0]["input"], group_rank=batch_rank(self))
+        return self.ctx.samples.recorded(batches, rows=lambda batch: batch[0]["input"], group_rank=batch_rank(self),
+                                         dealt_over=dealt_over(self.dataloader))
 
     @property
     def tokens_per_step(self) -> int:

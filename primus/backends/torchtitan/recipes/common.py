@@ -88,6 +88,8 @@ class TorchTitanRecipe(Recipe):
         cfg, prefix = plan.engine_config, plan.module.prefix
         # a Hub id (meta-llama/Llama-3.1-8B) is fetched by prepare (primus/compat/hub.py)
         checks = [] if is_hub_id(cfg.hf_assets_path) else [("hf_assets_path", Path(cfg.hf_assets_path) / "tokenizer.json")]
+        checks += [(f"dataloader.blend[{2 * i + 1}]", Path(path).expanduser())
+                   for i, path in enumerate(getattr(cfg.dataloader, "blend", [])[1::2])]
         checks += [(f"dataloader.{key}", Path(path).expanduser()) for key in self.data_keys
                    if (path := getattr(cfg.dataloader, key, None)) and getattr(cfg.dataloader, "dataset", None) != "mock"]
         for key, path in checks:
@@ -154,6 +156,7 @@ class TorchTitanRecipe(Recipe):
         from primus.backends.torchtitan.hooks import with_primus_components
 
         plan.log_derived(ctx)
+        log_blend(cfg, plan.world_size or 1, ctx.logger)
         if ctx.resume and not cfg.checkpoint.enable:
             ctx.logger.warning("--resume given but checkpoint.enable is false: starting from step 0")
         if cfg.checkpoint.enable and cfg.checkpoint.load_step < 0:  # skip a damaged newest checkpoint
@@ -200,6 +203,17 @@ class TorchTitanRecipe(Recipe):
         tensors = read_dcp_tensors(path, lambda key: not key.startswith(_TRAINER_STATE))
         source = Path(plan.checkpoint.load) if plan.checkpoint.format == "hf" else None
         return HFWeights(to_hf(tensors), plan.model, source, plan.engine_config.hf_assets_path, path, step)
+
+
+def log_blend(cfg: Any, world_size: int, logger: Any) -> None:
+    """``dataloader.blend``: the blend and the sequences each dataset gives over the run, in the run's log."""
+    from primus.backends.torchtitan.data import blend_summary, data_parallel_degree
+
+    training, dp = cfg.training, data_parallel_degree(cfg.parallelism, world_size)
+    per_step = training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * dp
+    line = blend_summary(cfg.dataloader, training.steps * per_step // dp, dp)
+    if line:
+        logger.info(line)
 
 
 def build_tiny_sft_assets(root: Path, log: Callable[[str], None]) -> None:
