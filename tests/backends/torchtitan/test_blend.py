@@ -38,7 +38,7 @@ def corpora(tmp_path_factory):
 def _loader(corpora, blend=None, path=None, dp=1, rank=0):
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from primus.backends.torchtitan.adapter import register_local_datasets
+    from primus.backends.torchtitan.recipes.pretrain import register_local_datasets
     from primus.backends.torchtitan.data import PrimusTextDataLoader
 
     folders, assets = corpora
