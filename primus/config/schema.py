@@ -134,7 +134,7 @@ class PrimusOptions(BaseModel):
     checkpoint: CheckpointOptions = Field(default_factory=CheckpointOptions)
     resume: Literal["auto", "always", "never"] | None = Field(
         None, description="resume policy when the command line names none (--resume / --no-resume)")
-    sample_hashes: bool = Field(False, description="a sample_hash per step row of metrics.jsonl: a digest of the "
+    sample_hashes: bool = Field(False, description="a sample_hash in each step row of the run's metrics: a digest of the "
                                                    "step's global batch (primus.runtime.sample_hash)")
     stragglers: StragglerOptions = Field(default_factory=StragglerOptions)
     hang: HangOptions = Field(default_factory=HangOptions)
