@@ -1,7 +1,9 @@
 """Before any rank starts: does the run fit its device, and does the engine accept its layout at its scale.
 
 - ``refuse_if_too_big``: the plan's heaviest rank against the device's usable memory (the
-  ``memory.usable_fraction`` threshold); one line naming the rank, its bytes and the budget.
+  ``memory.usable_fraction`` threshold); one line naming the rank, its bytes and the budget. Refused when
+  its exact state (weights, grads, optimizer) does not fit; when only the estimated activations tip it
+  over, said as "may not fit" (AMD's own FP8 files run where the PyTorch-kernel estimate says no).
 - ``fake_world``: each pipeline stage's real model built by the engine on the meta device for the
   whole world (``primus.plan.fakeworld``): what the engine refuses at that scale, and per-rank bytes.
 """
@@ -14,6 +16,8 @@ from primus.config.errors import ConfigError
 from primus.plan.estimate import GIB
 from primus.runtime.adapter import EnginePlan
 
+# exact per-rank bytes (measured equal to the engines' tensors); activations are estimated and only measured on CPU
+STATE = ("weights", "grads", "optimizer")
 FAKE_WORLD_ENGINES = {"megatron": "megatron-core", "torchtitan": "TorchTitan"}
 
 
@@ -39,10 +43,16 @@ def refuse_if_too_big(model, layout, device: str, thresholds: str | None = None)
     budget = memory * usable
     parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in need.components().items() if name != "total")
     where = f"rank {need.rank} (pipeline stage {need.pp_rank})"
-    if need.total > budget:
+    components = need.components()
+    state = sum(components.get(name, 0) for name in STATE)
+    if state > budget:
         raise ConfigError(f"{where} needs {need.total / GIB:.1f} GiB ({parts}) but {device} has "
                           f"{budget / GIB:.1f} GiB usable ({usable:.0%} of {memory / GIB:.0f} GiB): change the "
                           "layout (primus plan shows the parts), or --force to launch anyway")
+    if need.total > budget:  # the activations' share is an upper bound on a GPU: said, not refused
+        return (f"memory: {where} may not fit: {need.total / GIB:.1f} GiB ({parts}) of {budget / GIB:.1f} GiB "
+                f"usable on {device}; its weights, grads and optimizer fit, and the activations are the PyTorch-"
+                "kernel estimate (Transformer Engine, FP8 and fused attention keep less): watch the first steps")
     return f"memory: {where} needs {need.total / GIB:.1f} GiB of {budget / GIB:.1f} GiB usable on {device}"
 
 

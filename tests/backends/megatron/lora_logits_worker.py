@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 
 def main() -> int:
@@ -26,7 +27,7 @@ def main() -> int:
 
     args, config, chunks = model_from_hf(hf_dir, tp)
     apply_lora(chunks, LoRAConfig(**json.loads(lora_json.read_text())), config, seed=0)
-    state = {"model": chunks[0].sharded_state_dict(prefix="", metadata=_metadata(False))}
+    state = {"model": chunks[0].sharded_state_dict(prefix="", metadata=_metadata(SimpleNamespace(use_distributed_optimizer=False)))}
     loaded = dist_checkpointing.load(state, str(iter_dir))
     chunks[0].load_state_dict(loaded["model"], strict=True)
     tokens, logits = full_logits(chunks, args, tp)
