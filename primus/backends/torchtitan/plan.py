@@ -180,8 +180,8 @@ def _table_model(block: Any, table: dict[str, Any], fail) -> ModelSpec | None:
     from primus.backends.torchtitan.registry import RegistryModel, _suggest, is_registry_model
     from primus.config.errors import did_you_mean
 
-    if not isinstance(block, dict):
-        return None  # the engine path says what is wrong
+    if not isinstance(block, dict) or "converters" in block:
+        return None  # the engine path says what is wrong, and applies a float8 converter (config.py)
     if not is_registry_model(block):
         return ModelSpec(**block)
     models = table["models"]
