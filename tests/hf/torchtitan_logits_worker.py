@@ -20,7 +20,10 @@ def main() -> int:
 
     torch.set_num_threads(1)
     from primus.backends.torchtitan.adapter import TorchTitanAdapter
+    from primus.backends.torchtitan.patches import apply_patches
     from primus.runtime.adapter import ModuleConfig
+
+    apply_patches()  # the CPU shims a run applies (a pure plan applies none; this worker builds the trainer itself)
 
     params = {"attn_backend": "sdpa", "hf_assets_path": str(hf_dir),
               "checkpoint": {"enable": True, "initial_load_in_hf": True},
