@@ -65,7 +65,11 @@ def megatron_case(plan, rank: int, world: int) -> dict:
 
 def torchtitan_case(plan, rank: int, world: int) -> dict:
     from primus.backends.torchtitan.memory import measure_rank
+    from primus.backends.torchtitan.patches import apply_patches
+    from primus.backends.torchtitan.recipes.pretrain import register_local_datasets
 
+    apply_patches()  # what the pretrain recipe's run does first: a pure plan registers and patches nothing
+    register_local_datasets()
     return measure_rank(plan, _context(rank, world))
 
 
