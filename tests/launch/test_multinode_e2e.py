@@ -70,13 +70,13 @@ def test_cutting_a_link_names_the_lost_peer_and_nothing_hangs(two_hosts, tmp_pat
             time.sleep(0.5)
         two_hosts.set_link(2, up=False)
         cut = time.monotonic()
-        code = procs[0].wait(timeout=120)
+        code = procs[0].wait(timeout=300)
         waited = time.monotonic() - cut
         text = log1.read_text()
         assert code == 1, text[-3000:]
         assert f"lost peer: node 1 (n2, {two_hosts.addr(2)}) is unreachable from node 0" in text
         assert f"Timed out waiting {pg_timeout * 1000}ms" in text  # the engine's own error, also shown
-        assert waited < pg_timeout + 60, waited
+        assert waited < pg_timeout + 240, waited  # a hang guard: the process-group timeout ends it
         print(f"surviving node exited {waited:.1f}s after the cut")
     finally:
         two_hosts.set_link(2, up=True)

@@ -41,14 +41,14 @@ def quick_run(tmp_path_factory):
     options = {"quick": True, "report_dir": str(tmp / "report"), "timeout": 60,
                "thresholds": str(tmp / "thresholds.yaml")}
     started = time.monotonic()
-    proc = _run(LAUNCH, options, tmp)
+    proc = _run(LAUNCH, options, tmp, limit=300)
     return proc, tmp / "report", time.monotonic() - started
 
 
 def test_two_rank_quick_writes_json_markdown_pdf(quick_run):
     proc, report_dir, seconds = quick_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert seconds < 60
+    assert seconds < 240  # a hang guard (well under a minute on an idle host)
     report = json.loads((report_dir / "report.json").read_text())
     assert report["status"] == "pass" and report["exit_code"] == 0
     assert report["world"]["world_size"] == 2 and report["world"]["joined"] == [0, 1]
@@ -95,8 +95,8 @@ def test_rank_that_never_starts_is_named(tmp_path):
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     options = {"quick": True, "report_dir": str(tmp_path / "report"), "timeout": 3, "tests": "gemm"}
     started = time.monotonic()
-    proc = _run([sys.executable, "-m", "primus.preflight.worker"], options, tmp_path, env, limit=60)
-    assert time.monotonic() - started < 40
+    proc = _run([sys.executable, "-m", "primus.preflight.worker"], options, tmp_path, env, limit=180)
+    assert time.monotonic() - started < 150  # a hang guard: the 3 s join timeout ends it
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "rank 1" in proc.stdout and "did not join within 3 s" in proc.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -110,8 +110,8 @@ def test_rank_that_stalls_under_torchrun_is_named(tmp_path):
     options = {"quick": True, "report_dir": str(tmp_path / "report"), "timeout": 4, "tests": "gemm",
                "simulate_absent_ranks": [1]}
     started = time.monotonic()
-    proc = _run(LAUNCH, options, tmp_path, limit=90)
-    assert time.monotonic() - started < 60
+    proc = _run(LAUNCH, options, tmp_path, limit=240)
+    assert time.monotonic() - started < 200  # a hang guard: the 4 s join timeout ends it
     assert proc.returncode != 0
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["exit_code"] == 1 and report["world"]["joined"] == [0]

@@ -45,7 +45,7 @@ def test_a_node_that_never_arrives_is_named_and_the_report_is_written(tmp_path):
     proc = _node(0, _free_port(), tmp_path / "r", timeout=5)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, out + err
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 110  # a hang guard: the 5 s roll-call timeout ends it
     lines = [line for line in out.splitlines() if "never arrived" in line]
     assert lines == [f"preflight: FAIL: expected 2 nodes; joined: node 0 ({socket.gethostname()}); "
                      "never arrived within 5 s: node 1"], out + err
