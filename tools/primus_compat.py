@@ -48,8 +48,10 @@ DEFAULT_DEVICE = "mi355x"
 NOT_TRANSFORMER_LLM = re.compile(r"zebra_llama|mamba|hybrid|(^|/)diffusion/|flux")
 # The dry-run checks the files a run reads: their cluster's data / checkpoint paths are absent here.
 MISSING_INPUT = re.compile(r": \S+ does not exist( \(a [^)]*\))?$")
-# A layout for more than one 8-GPU node: the report also tries it on the nodes it needs.
-WORLD_SIZE = re.compile(r"world size \(\d+\) is not divisible by")
+# A layout for more than one 8-GPU node, or a model whose per-rank state fits its device only when
+# sharded over more ranks (AMD runs those on several nodes): the report also tries it on the nodes it needs.
+NEEDS_NODES = re.compile(r"world size \(\d+\) is not divisible by|no known device has that much|"
+                        r"GiB usable \(\d+% of \d+ GiB\)")
 
 
 @dataclass
@@ -183,14 +185,14 @@ def check(path: Path, checkout: Path) -> Result:
     device = device_of(relative)
     refusals = admission_refusals(path, device) if family is None else ()
     failed, code, error = _run_steps(str(path), device)
-    if failed is not None and WORLD_SIZE.search(error):  # a multi-node layout: on the nodes it needs?
+    if failed is not None and NEEDS_NODES.search(error):  # a multi-node layout: on the nodes it needs?
         for nodes in (2, 4, 8, 16):
             step, step_code, step_error = _run_steps(str(path), device, nodes)
             if step is None:
                 os.environ["NNODES"] = "1"
                 return Result(relative, framework, target, f"pass on {nodes} nodes",
                               error.replace(f"{checkout}/", ""), device, refusals)
-            if not WORLD_SIZE.search(step_error):  # the layout fits these nodes; something else stops it
+            if not NEEDS_NODES.search(step_error):  # the layout fits these nodes; something else stops it
                 failed, code, error = step, step_code, step_error
                 break
     os.environ["NNODES"] = "1"
@@ -237,8 +239,9 @@ def report(results: list[Result], checkout: Path, seconds: float) -> str:
         f"**Transformer-LLM and AutoModel examples (MI300X / MI325X / MI355X): {len(passed) + len(multi)} / "
         f"{len(target)} are admitted on the device in their folder name and pass validate + plan + dry-run "
         f"unchanged on the nodes they are written for, 8 GPUs each ({percent(passed, multi)}): {len(passed)} on "
-        f"one node (8 ranks), {len(multi)} layouts for 2 to 16 nodes (planned and dry-run with `--nproc-per-node "
-        f"8 -N <nodes>`).** Each step runs with `--device <folder device>`, so the launch's own admission decides: "
+        f"one node (8 ranks), {len(multi)} layouts for 2 to 16 nodes (wider than one node, or whose per-rank "
+        f"state fits its device only sharded over more ranks; planned and dry-run with `--nproc-per-node 8 -N "
+        f"<nodes>`).** Each step runs with `--device <folder device>`, so the launch's own admission decides: "
         f"a device not on this host is assumed to carry its standard software (Transformer Engine included). "
         f"{len(not_admitted)} are refused by that admission (table by key below). {len(inputs)} more are admitted "
         f"and stop at the dry-run only because an input file the experiment names (their cluster's data, "
