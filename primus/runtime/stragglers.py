@@ -28,6 +28,10 @@ from primus.runtime.phases import LABELS, PHASES, PhaseClock
 
 COMPARED = ("data", "compute", "optimizer", "checkpoint")  # busy phases: being slow there makes others wait
 COORDINATED = frozenset({"checkpoint"})  # rank 0 writes a save's metadata: slower by design, so not compared
+# The optimizer phase ends in collectives (the gradient norm, the distributed optimizer's gather) whose
+# waits torch can issue from C++ (a DTensor's AsyncCollectiveTensor), out of reach of the comm timing:
+# a healthy rank that waits there for a peer slow in data or forward+backward looks slow in "optimizer".
+WAITS_FOR = {"optimizer": frozenset({"data", "compute"})}
 MIN_SHARE = 0.05  # an excess under 5% of the median step is noise, never named
 MAX_LINES = 8  # per report: a broken fleet is not a thousand warnings
 logger = logging.getLogger("primus.stragglers")
@@ -55,13 +59,13 @@ class Straggler:
 def find_stragglers(per_step: list[dict[str, float]], threshold: float) -> list[tuple[int, str, float]]:
     """(rank, phase, ratio to the other ranks' median) for each rank slower than ``1 + threshold``
     times that median in a busy phase, its worst phase only; ``per_step`` holds each rank's mean
-    seconds per step by phase (and ``step``). Slowest first."""
+    seconds per step by phase (and ``step``). A rank slow only in the optimizer while another is slow
+    in data or forward+backward is waiting for that one, so is not named. Slowest first."""
     margin = MIN_SHARE * statistics.median(figures["step"] for figures in per_step) if per_step else 0.0
     if len(per_step) < 2 or margin <= 0:  # one rank, or no step timed in the window
         return []
-    found = []
+    slow: dict[int, dict[str, float]] = {}  # rank -> {phase: ratio} of each phase it is slow in
     for rank, figures in enumerate(per_step):
-        worst = None
         for phase in COMPARED:
             skip = {rank, 0} if phase in COORDINATED else {rank}
             others = [other[phase] for index, other in enumerate(per_step) if index not in skip]
@@ -69,11 +73,14 @@ def find_stragglers(per_step: list[dict[str, float]], threshold: float) -> list[
                 continue
             median = statistics.median(others)
             if figures[phase] - median >= margin and figures[phase] >= (1 + threshold) * median:
-                ratio = figures[phase] / max(median, margin)  # the others near 0: against the margin
-                if worst is None or ratio > worst[2]:
-                    worst = (rank, phase, ratio)
-        if worst is not None:
-            found.append(worst)
+                slow.setdefault(rank, {})[phase] = figures[phase] / max(median, margin)  # others near 0: the margin
+    causes = {phase for phases in slow.values() for phase in phases}
+    found = []
+    for rank, phases in slow.items():
+        if all(causes & WAITS_FOR.get(phase, frozenset()) for phase in phases):
+            continue  # slow only where it waits for a rank that is slow elsewhere
+        worst = max(phases, key=phases.__getitem__)
+        found.append((rank, worst, phases[worst]))
     return sorted(found, key=lambda item: -item[2])
 
 

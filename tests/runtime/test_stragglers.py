@@ -96,3 +96,12 @@ def test_the_options_have_ranges(block, message):
     assert (defaults.stragglers.interval, defaults.stragglers.threshold) == (100, 0.2)
     assert (defaults.hang.deadline_s, defaults.hang.factor, defaults.hang.floor_s, defaults.hang.action) == \
         (None, 5.0, 60.0, "exit")
+
+
+def test_a_rank_slow_only_in_the_optimizer_while_another_computes_slowly_is_waiting_for_it():
+    # rank 0's gradient-norm all-reduce waits for rank 1 (a wait issued from C++, not timed as comm)
+    ranks = [figures(0.5, optimizer=0.45), figures(0.75, optimizer=0.1)]
+    assert find_stragglers(ranks, threshold=0.2) == [(1, "compute", pytest.approx(1.5))]
+    # with nobody slow in data or forward+backward, a slow optimizer is the rank's own
+    ranks = [figures(0.5, optimizer=0.45), figures(0.5, optimizer=0.1)]
+    assert find_stragglers(ranks, threshold=0.2) == [(0, "optimizer", pytest.approx(4.5))]
