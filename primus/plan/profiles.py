@@ -60,6 +60,9 @@ class DeviceProfile:
     # Measured profiles only: GEMM peak (TFLOP/s) by intra-op thread count (CPU ranks share the cores).
     gemm_tflops_by_threads: dict[int, float] = field(default_factory=dict)
     cores: int | None = None
+    # A GPU's collectives run on their own engines beside the kernels; a CPU's gloo collectives copy on
+    # the cores the ranks compute on, so there what the engine overlaps is exposed all the same.
+    overlaps_comm: bool = True
 
     def peak(self, dtype: str) -> float:
         """Dense peak in FLOP/s for ``dtype`` (fp8 falls back to bf16 where the device has no fp8 units)."""
@@ -76,6 +79,9 @@ class DeviceProfile:
         known = sorted(self.gemm_tflops_by_threads)
         best = max((t for t in known if t <= threads), default=known[0])
         tflops = self.gemm_tflops_by_threads[best] * threads / best
+        if ranks > 1:  # ranks that share the cores together do at most what all the cores do at once
+            every_core = self.gemm_tflops_by_threads[known[-1]] * (self.cores or known[-1]) / known[-1]
+            tflops = min(tflops, every_core * threads / (self.cores or known[-1]))
         hbm = self.hbm_gbps / max(1, ranks) if ranks > 1 else self.hbm_gbps  # ranks share the memory bus
         return replace(self, peak_tflops={k: tflops for k in self.peak_tflops}, hbm_gbps=hbm)
 

@@ -290,8 +290,9 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
     def coll(op: str, count: int, nbytes: int, expert: bool = False) -> float:
         return collective_seconds(op, count * nbytes, g.expert_grad if expert else g.grad, p, gpn)
 
-    backward = slowest["compute"] * 2 / 3
-    forward = slowest["compute"] / 3
+    hidden_by = 1.0 if p.overlaps_comm else 0.0  # a CPU's collectives share its cores: none hide behind compute
+    backward = slowest["compute"] * 2 / 3 * hidden_by
+    forward = slowest["compute"] / 3 * hidden_by
     if layout.sharding == "fsdp":  # per micro-batch: gather for forward and backward, scatter gradients
         gather = coll("allgather", dense, param_b) + coll("allgather", experts, param_b, True)
         scatter = coll("reducescatter", dense, grad_b) + coll("reducescatter", experts, grad_b, True)

@@ -103,6 +103,17 @@ def test_data_parallel_gradients_hide_behind_backward_when_overlapped():
     assert 0 < over < bare
 
 
+def test_on_a_cpu_the_engines_overlap_hides_no_communication():
+    # gloo copies on the cores the ranks compute on: FSDP's gathers and scatters are all exposed
+    gpu = get_profile("mi325x")
+    cpu = replace(gpu, overlaps_comm=False)
+    lay = layout(dp=8, global_batch_size=8, sharding="fsdp")
+    hidden = project(LLAMA8B, lay, gpu).breakdown["dp_comm"]
+    exposed = project(LLAMA8B, lay, cpu).breakdown["dp_comm"]
+    assert exposed > 2 * hidden and exposed > 0
+    assert project(LLAMA8B, lay, cpu).breakdown["compute"] == project(LLAMA8B, lay, gpu).breakdown["compute"]
+
+
 def test_ring_costs_and_which_links_a_group_crosses():
     h100 = get_profile("h100")
     inside, across = Group(8, 1), Group(8, 8)
@@ -132,7 +143,10 @@ def test_local_profile_round_trips_and_splits_cores_among_ranks(tmp_path, monkey
     assert path.parent == tmp_path and read_local_profile() == cpu
     assert get_profile("local").peak("fp32") == pytest.approx(0.035e12)
     two = get_profile("local").for_ranks_per_node(2)
-    assert two.peak("fp32") == pytest.approx(0.02e12) and two.hbm_gbps == pytest.approx(5.0)
+    # one thread alone does 0.02, but two ranks at once share what both cores do together (0.035)
+    assert two.peak("fp32") == pytest.approx(0.0175e12) and two.hbm_gbps == pytest.approx(5.0)
+    four = replace(cpu, gemm_tflops_by_threads={1: 0.02, 4: 0.08}, cores=4).for_ranks_per_node(2)
+    assert four.peak("fp32") == pytest.approx(0.04e12)  # cores that scale: two threads each, 0.04 per rank
 
 
 def _plan(*args):

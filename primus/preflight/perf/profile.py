@@ -114,7 +114,7 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
                          memory_gib=_host_memory_gib(), intra_node_gbps=link[0], inter_node_gbps=link[0],
                          intra_latency_s=link[1], inter_latency_s=link[1], efficiency=efficiency,
                          gpus_per_node=gpus_per_node, sources={"measured": "primus preflight on this host"},
-                         gemm_tflops_by_threads=by_threads, cores=cores)
+                         gemm_tflops_by_threads=by_threads, cores=cores, overlaps_comm=False)
 
 
 def _host_memory_gib() -> float:
