@@ -99,6 +99,8 @@ def main(argv: list[str]) -> int:
         # two pytest workers, one test file each at a time (a file's fixtures stay in one process):
         # most tests wait on engine subprocesses, so two cores serve two files (31 -> 19 min on 2 cores)
         rest = ["-n", "2", "--dist", "loadfile", *rest]
+    if not any(arg.startswith("--durations") for arg in rest):
+        rest = ["--durations=20", *rest]  # the slowest tests, in every run's log (README lists them)
     return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], env=env, cwd=ROOT)
 
 
