@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("memory_worker.py")
@@ -110,7 +111,8 @@ def planned(case: Case, assets: Path) -> Any:
 
     spec = case.spec(assets)
     resolved = resolve_experiment(spec["exp"], spec["overrides"], backend_defaults, backend_derived)
-    _, plan = plan_module(resolved, select_module(resolved, None), case.world, require_engine=False)
+    with mock.patch.dict(os.environ, {"PRIMUS_CPU_BF16": "force"}):  # as the measured ranks: whatever this CPU
+        _, plan = plan_module(resolved, select_module(resolved, None), case.world, require_engine=False)
     return plan
 
 

@@ -18,7 +18,8 @@ WORLD_512 = ("--nproc-per-node", "8", "-N", "64")  # TP 8 x PP 8 x DP 8
 def _plan(tmp_path, *args):
     env = {k: v for k, v in os.environ.items() if k not in ("GPUS_PER_NODE", "NNODES", "WORLD_SIZE")}
     return subprocess.run([*PRIMUS, "plan", *map(str, args), "--build"], cwd=ROOT, capture_output=True, text=True,
-                          env={**env, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path)},
+                          env={**env, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path),
+                               "PRIMUS_CPU_BF16": "force"},  # the files' bf16, whether or not this CPU has bf16 units
                           timeout=900)
 
 
