@@ -1,4 +1,4 @@
-"""Steady step time after the first checkpoint vs. the same run with checkpoints off (issue #17).
+"""Steady step time after the first checkpoint vs. the same run with checkpoints off.
 
 Each case runs the same experiment with checkpoints on (A: a save every ``interval`` steps) and
 off (B), interleaved ABBA, at torch's default intra-op threads (the effect needs more than one:

@@ -1,4 +1,4 @@
-"""bf16 vs fp32 on CPU through ``primus train``, per backend: tokens/s and the loss curves (issue #17).
+"""bf16 vs fp32 on CPU through ``primus train``, per backend: tokens/s and the loss curves.
 
 Each backend runs its 25M experiment (TorchTitan, Megatron) or the small Wan (AutoModel) in fp32
 and in bf16, interleaved ABBA, at torch's default intra-op threads. bf16 is what each backend

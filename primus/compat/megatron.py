@@ -293,7 +293,7 @@ RULES = table(
     custom("model_type", "AMD Primus model family switch", _model_type),
     custom("tokenizer_type", "tokenizer type", _tokenizer_type),
     # -- SFT (sft_trainer.yaml). hf_path, sft_dataset_name, sft_conversation_format and
-    # enable_packed_sequences are read by the Megatron backend's post-training (issue #15) ------
+    # enable_packed_sequences are read by the Megatron backend's post-training ------
     custom("sft_conversation_format", "SFT conversation format", _conversation_format),
     inert("sft_dataset_split", "the instruction JSONL files are read whole (a validation split is held out)"),
     inert("use_packed_attention", "packed sequences always get per-document attention masks here (AMD's true)"),

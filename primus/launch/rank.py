@@ -69,7 +69,7 @@ def train_worker(payload: dict[str, Any]) -> int:
     primus_opts = params.get("primus") or {}
     if primus_opts.get("hf_token"):
         os.environ["HF_TOKEN"] = primus_opts["hf_token"]  # the config's own token wins over the shell's
-    # perf (#17): a peak on every device (measured GEMM on CPU, cached per host); rank 0 reports MFU
+    # a peak on every device (measured GEMM on CPU, cached per host); rank 0 reports MFU
     peak, peak_source = device_peak(device_name, primus_opts.get("peak_dtype", "bf16"),
                                     primus_opts.get("peak_tflops"), probe=rank == 0)
     averages = StepAverages(primus_opts.get("avg_skip_steps", 0), primus_opts["avg_window"]) \

@@ -1,4 +1,4 @@
-"""bf16 on CPU (issue #17): kept where the CPU has bf16 units, else fp32 with one derived line,
+"""bf16 on CPU: kept where the CPU has bf16 units, else fp32 with one derived line,
 the same rule for TorchTitan, Megatron and AutoModel (``primus.plan.devices.cpu_bf16_decision``)."""
 from pathlib import Path
 

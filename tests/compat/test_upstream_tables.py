@@ -70,7 +70,7 @@ def test_no_compat_rule_shadows_a_megatron_lm_argument():
 
 
 def _post_training_keys() -> set[str]:
-    """AMD Primus's SFT keys the Megatron backend reads itself (hf_path, sft_dataset_name, ...; issue #15)."""
+    """AMD Primus's SFT keys the Megatron backend reads itself (hf_path, sft_dataset_name, ...)."""
     try:
         from primus.backends.megatron.post_training import KEYS
     except ImportError:

@@ -1,4 +1,4 @@
-"""The tiny SFT examples through `primus train`, then `primus export`: the acceptance path of issue #15.
+"""The tiny SFT examples through `primus train`, then `primus export`.
 
 HF checkpoint -> SFT on Megatron / TorchTitan (the log names the checkpoint, the loss falls) ->
 `primus export` -> transformers loads it and generates. A run whose step changes no weight

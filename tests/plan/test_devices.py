@@ -1,4 +1,4 @@
-"""Device peaks for MFU on every device, and the CPU's bf16 capability (issue #17)."""
+"""Device peaks for MFU on every device, and the CPU's bf16 capability."""
 import json
 
 import pytest

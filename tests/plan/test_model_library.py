@@ -27,12 +27,12 @@ PUBLISHED = LIBRARY / "published"
 MODULE_PRESET = CONFIGS_ROOT / "modules" / "megatron" / "pre_trainer.yaml"
 AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo"))
 
-# Issue #13 item 7: the AMD Primus names the Megatron backend must answer to.
+# The AMD Primus names the Megatron backend must answer to.
 REQUIRED = """llama2_7B llama2_13B llama2_70B llama3_8B llama3_70B llama3.1_8B llama3.1_70B llama3.1_405B llama3.2_1B
 llama3.2_3B llama3.3_70B qwen2.5_3B qwen2.5_7B qwen2.5_14B qwen2.5_32B qwen2.5_72B qwen3_4B qwen3_8B qwen3_14B
 qwen3_32B qwen3_30B_A3B qwen3_235B_A22B mixtral_8x7B_v0.1 mixtral_8x22B_v0.1 deepseek_v2_lite deepseek_v2 deepseek_v3
 gpt_oss_20B gpt_oss_120B llama4_17B16E llama4_17B128E grok1 grok2""".split()
-# Issue #14: the other AMD Primus names its example experiments use whose network megatron-core 0.16 builds
+# The other AMD Primus names its example experiments use whose network megatron-core 0.16 builds
 # (Qwen3.5, GLM-5 and MiniMax-M2.5 it does not: primus/compat/families.py refuses them in one line).
 REQUIRED += "qwen3_235B_A22B_4layer deepseek_r1_distill_qwen_1.5B kimi_k2".split()
 
@@ -171,7 +171,7 @@ def _schema_takes_megatron_lm_names() -> bool:
 
 
 @pytest.mark.skipif(not _schema_takes_megatron_lm_names(),
-                    reason="the Megatron argument schema does not take Megatron-LM's argument names yet (issue #13 item 1)")
+                    reason="the Megatron argument schema does not take Megatron-LM's argument names yet")
 @pytest.mark.parametrize("name", ["llama3.1_8B", "mixtral_8x7B_v0.1"])
 def test_primus_plan_cli_on_a_preset(name, tmp_path, capsys, monkeypatch):
     """The real CLI path: module preset + model preset on 8 ranks, totals (and active for MoE) as published."""
@@ -182,7 +182,7 @@ def test_primus_plan_cli_on_a_preset(name, tmp_path, capsys, monkeypatch):
         "work_group": "t", "user_name": "t", "exp_name": "plan", "workspace": str(tmp_path / "out"),
         "modules": {"pre_trainer": {"framework": "megatron", "config": "pre_trainer.yaml",
                                     "model": f"published/{name}.yaml",
-                                    # what today's module preset lacks (issue #13 item 7 gives it defaults)
+                                    # what today's module preset lacks
                                     "overrides": {"seq_length": 4096, "train_iters": 10, "lr": 1.0e-4,
                                                   "mock_data": True, "tokenizer_type": "NullTokenizer"}}}}))
     monkeypatch.setenv("WORLD_SIZE", "8")

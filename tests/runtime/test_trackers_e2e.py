@@ -67,7 +67,7 @@ modules:
 """)
     result = run_primus("train", exp, env={"WANDB_MODE": "offline"})
     if result.returncode == 2 and "wandb_project: unknown Megatron argument" in result.stderr:
-        pytest.skip("the Megatron argument table does not accept Megatron-LM's wandb_* keys yet (issue #13)")
+        pytest.skip("the Megatron argument table does not accept Megatron-LM's wandb_* keys yet")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = workspace / "amd" / "root" / "amd_wandb"
     rows = {r["step"]: r for r in read_metrics(run_dir)}

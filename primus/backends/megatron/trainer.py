@@ -117,7 +117,7 @@ def set_random_seed(args: MegatronArgs) -> None:
 class MegatronTrainer:
     def __init__(self, args: MegatronArgs, ctx, module: str = "pre_trainer", post=None, lora=None):
         self.args, self.ctx, self.module = args, ctx, module
-        self.post = post  # [#15] primus.backends.megatron.post_training.MegatronPostTraining: HF weights, instruction data
+        self.post = post  # primus.backends.megatron.post_training.MegatronPostTraining: HF weights, instruction data
         self.lora = lora  # primus.backends.megatron.lora.LoRAConfig (enabled) or None
         self.owns_process_group = False
         self.started = time.time()  # exit_duration_in_mins counts from here (Megatron-LM: from pretrain())
@@ -200,7 +200,7 @@ class MegatronTrainer:
         if on_gpu:
             for chunk in chunks:
                 chunk.cuda(torch.cuda.current_device())
-        if self.post is not None:  # [#15] before Float16Module/DDP/optimizer copy the parameters
+        if self.post is not None:  # before Float16Module/DDP/optimizer copy the parameters
             self.post.load_weights(chunks, ctx)
         if self.lora is not None:  # after the base weights are loaded, before Float16Module/DDP/optimizer
             self._apply_lora(chunks)
@@ -220,7 +220,7 @@ class MegatronTrainer:
 
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.dp_rank = parallel_state.get_data_parallel_rank()
-        if self.post is not None and self.post.sft is not None:  # [#15] instruction data (primus.data.sft)
+        if self.post is not None and self.post.sft is not None:  # instruction data (primus.data.sft)
             self.train_ds, self.valid_ds = self.post.datasets(args.seq_length, args.seed, ctx)
         else:
             self.train_ds, self.valid_ds, _ = build_datasets(args, self.tokenizer, self.gbs, self.dp)

@@ -59,7 +59,7 @@ def build_handoff(params: Mapping[str, Any], *, mode: str, weights: Callable[[di
     if "backend" not in dist_env:
         dist_env["backend"] = plan.derive("dist_env.backend", dist_backend, "from the device")
     if dist_backend == "gloo" and str(model.get("compute_dtype", "bfloat16")).lower() in ("bfloat16", "bf16"):
-        from primus.plan.devices import cpu_bf16_decision  # perf (#17): bf16 only on CPUs with bf16 units
+        from primus.plan.devices import cpu_bf16_decision  # bf16 only on CPUs with bf16 units
 
         keep, reason = cpu_bf16_decision()
         if not keep:

@@ -128,7 +128,7 @@ def checkpoint_on_transient_group() -> Iterator[None]:
         checkpointing.dcp = original
 
 
-# -- [#15] the LLM recipe on a CPU-only torch --------------------------------------------------
+# -- the LLM recipe on a CPU-only torch --------------------------------------------------
 def _to_cpu(device: Any) -> Any:
     import torch
 

@@ -35,7 +35,7 @@ def gemm(device: str, *, quick: bool) -> dict[str, Any]:
     b = torch.randn(n, n, device=device, dtype=dtype)
     iters = 10 if quick else 50
     seconds = _timed(lambda: torch.mm(a, b), device, warmup=2, iters=iters)
-    if not gpu:  # perf (#17): the CPU's measured peak, cached for the [TRAIN] line's MFU
+    if not gpu:  # the CPU's measured peak, cached for the [TRAIN] line's MFU
         from primus.plan.devices import record_cpu_peak
 
         record_cpu_peak("fp32", torch.get_num_threads(), 2 * n**3 / seconds / 1e12)

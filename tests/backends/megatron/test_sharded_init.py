@@ -1,4 +1,4 @@
-"""#13 item 10 on Megatron: megatron-core's CPU initialisation across tensor- and expert-parallel
+"""Sharded initialisation on Megatron: megatron-core's CPU initialisation across tensor- and expert-parallel
 ranks, compared with a one-rank initialisation of the same model, weight by weight."""
 from __future__ import annotations
 
