@@ -80,8 +80,7 @@ class DeviceProfile:
         best = max((t for t in known if t <= threads), default=known[0])
         tflops = self.gemm_tflops_by_threads[best] * threads / best
         if ranks > 1:  # ranks that share the cores together do at most what all the cores do at once
-            every_core = self.gemm_tflops_by_threads[known[-1]] * (self.cores or known[-1]) / known[-1]
-            tflops = min(tflops, every_core * threads / (self.cores or known[-1]))
+            tflops = min(tflops, self.gemm_tflops_by_threads[known[-1]] / known[-1] * threads)
         hbm = self.hbm_gbps / max(1, ranks) if ranks > 1 else self.hbm_gbps  # ranks share the memory bus
         return replace(self, peak_tflops={k: tflops for k in self.peak_tflops}, hbm_gbps=hbm)
 
