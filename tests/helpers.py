@@ -8,6 +8,7 @@ experiment file (no copy of the worker in the tests).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +17,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_tool(name: str):
+    """``tools/<name>.py`` as a module (tools/ is scripts, not a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_dir_of(workspace: Path, exp_name: str, work_group: str = "amd", user_name: str = "root") -> Path:

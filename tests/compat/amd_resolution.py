@@ -2,18 +2,10 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 TABLE = Path(__file__).with_name("amd_resolved.json")
-DEVICE_IN_PATH = re.compile(r"(?:^|/)(MI3\d\d)X?(?:/|$)")  # the device a file is written for: its folder
-
-
-def device_of(path: Path) -> str:
-    """``MI355X`` in the path -> ``mi355x`` (AMD Primus resolves the same on each; its newest otherwise)."""
-    match = DEVICE_IN_PATH.search(path.as_posix())
-    return f"{match.group(1).lower()}x" if match else "mi355x"
 
 
 def amd_table() -> dict[str, Any]:
@@ -29,7 +21,10 @@ def primus_arguments(path: Path, keys: list[str]) -> tuple[dict[str, dict[str, A
     from primus.plan.target import target_for
 
     resolved = resolve(path, [])
-    target = target_for(device_of(path))  # AMD's GPU, never this host's CPU (whose bf16 units come and go)
+    from tests.helpers import load_tool
+
+    # the device in the file's folder, as the compatibility report admits it; never this host's CPU
+    target = target_for(load_tool("primus_compat").device_of(path.as_posix()))
     values, lines, stages = {}, {}, {}
     for name, module in resolved.modules.items():
         _, plan = plan_module(resolved, module, None, require_engine=False, target=target)

@@ -5,13 +5,12 @@ The TorchTitan experiment is in TorchTitan 0.2 / AMD Primus spelling (``optimize
 ``profiling``, ``primus_turbo``, sink levels): it must pass the real validate (TorchTitan 0.3.0's
 ``Trainer.Config``), plan on 8 ranks and the dry-run, unchanged.
 """
-import importlib.util
 import os
-import sys
 
 import pytest
 
-from tests.conftest import ROOT, write
+from tests.conftest import write
+from tests.helpers import load_tool
 
 TT02 = """\
 work_group: AMD
@@ -67,11 +66,7 @@ TYPO = "work_group: AMD\nuser_name: root\nexp_name: t\nworkspace: ./o\nmodules:\
 
 @pytest.fixture(scope="module")
 def compat_tool():
-    spec = importlib.util.spec_from_file_location("primus_compat", ROOT / "tools" / "primus_compat.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["primus_compat"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("primus_compat")
 
 
 def test_the_report_over_a_checkout(tmp_path, compat_tool, monkeypatch):
