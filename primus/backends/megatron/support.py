@@ -93,7 +93,7 @@ IMPLEMENTED: dict[str, str] = {
                      "tokenizer_sentencepiece_legacy"), "data"),
     **dict.fromkeys(("save", "load", "save_interval", "finetune", "no_load_optim", "no_load_rng", "no_save_optim",
                      "no_save_rng", "ckpt_format", "exit_on_missing_checkpoint", "async_save",
-                     "use_persistent_ckpt_worker", "pretrained_checkpoint"), "checkpoint"),
+                     "use_persistent_ckpt_worker", "pretrained_checkpoint", "dist_ckpt_workers"), "checkpoint"),
     # admitted per target: rows megatron.torch_fsdp2 / megatron.megatron_fsdp (admission.py, capabilities)
     **dict.fromkeys(("use_torch_fsdp2", "torch_fsdp2_reshard_after_forward", "use_megatron_fsdp",
                      "data_parallel_sharding_strategy"), "fsdp"),
@@ -177,7 +177,7 @@ KERNEL_ONLY: dict[str, str] = {
         "ckpt_fully_parallel_save", "ckpt_fully_parallel_load",
         "ckpt_fully_parallel_load_exchange_algo", "ckpt_fully_parallel_save_process_group",
         "ckpt_fully_parallel_load_process_group", "ckpt_assume_constant_structure", "dist_ckpt_strictness",
-        "dist_ckpt_workers", "ckpt_fully_parallel_save_deprecated", "auto_detect_ckpt_format",
+        "ckpt_fully_parallel_save_deprecated", "auto_detect_ckpt_format",
         "save_retain_interval",
     ), _CKPT_IO),
     **dict.fromkeys(("check_weight_hash_across_dp_replicas_interval", "check_for_large_grads",
