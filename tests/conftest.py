@@ -36,6 +36,29 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (-runs[item.path], first_seen[item.path]))
 
 
+# What a unit test may not start: another Python (the primus CLI, an engine, a tools/ script) or a shell
+# that would start one. Those tests carry the e2e marker, so `-m "not e2e"` is the fast in-process subset.
+_STARTS_PYTHON = re.compile(r"^(python[\d.]*|primus|torchrun|bash|sh|srun|sbatch)$")
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_python(request, monkeypatch):
+    """Fail a test without the e2e marker at the moment it starts a Python process."""
+    if request.node.get_closest_marker("e2e"):
+        return
+    original = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        argv = os.fsdecode(args).split() if isinstance(args, (str, bytes, os.PathLike)) else list(map(str, args))
+        # any word, not just the first: `timeout 120 python ...`, `env X=1 primus ...`
+        program = next((Path(word).name for word in argv if _STARTS_PYTHON.match(Path(word).name)), None)
+        if program:
+            pytest.fail(f"a unit test started {program} ({' '.join(argv)[:120]}): mark it e2e", pytrace=False)
+        original(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+
+
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
     """One tiny tokenizer + corpus for the whole session (built on first use by the runs)."""

@@ -44,6 +44,7 @@ def test_example_validates(example, capsys, monkeypatch):
     assert out.startswith("OK ")
 
 
+@pytest.mark.e2e
 def test_missing_data_path_is_refused_before_launch(tmp_path):
     example = ROOT / "examples" / "torchtitan" / "llama3.1_8B-pretrain.yaml"
     result = subprocess.run([sys.executable, "-m", "primus.cli.main", "train", str(example),

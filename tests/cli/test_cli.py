@@ -6,6 +6,8 @@ import pytest
 
 from tests.conftest import ROOT, TINY_EXAMPLE, write
 
+pytestmark = pytest.mark.e2e  # every test here starts Primus or an engine in another process
+
 BAD_CASES = [
     # (overrides, expected fragment of the one-line error)
     (["training.stepz=5"], r"training.stepz: unknown key for TorchTitan TrainingConfig (did you mean 'steps'?)"),

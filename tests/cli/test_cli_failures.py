@@ -106,6 +106,7 @@ def test_an_unwritable_debug_dir_still_ends_in_one_line(capsys, monkeypatch, tmp
     assert "IndexError" in line and "the traceback is in" in line  # the temporary folder took it
 
 
+@pytest.mark.e2e
 def test_through_the_real_entry_point(tmp_path):
     """``python -m primus.cli.main``: argparse's error is one line on a real stderr, exit 2."""
     import subprocess

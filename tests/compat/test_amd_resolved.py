@@ -98,6 +98,7 @@ def test_every_amd_example_resolves_as_amd_primus_does():
     assert problems == [], "\n".join(problems[:40])
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR})")
 def test_the_table_is_a_fresh_generation():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_amd_resolved.py"), "--git-dir",

@@ -48,6 +48,7 @@ def test_hub_ids_and_paths():
     assert not is_hub_id(str(ROOT / "primus"))  # an existing directory is a path
 
 
+@pytest.mark.e2e
 def test_local_rank_0_fetches_the_tokenizer_once_and_the_others_wait(hub_env):
     with HubServer(REPO, FILES, token="hf_gated_secret") as hub:
         env = hub_env(hub.endpoint)
@@ -68,6 +69,7 @@ def test_local_rank_0_fetches_the_tokenizer_once_and_the_others_wait(hub_env):
         assert len([r for r in hub.requests if r.startswith("GET") and "/resolve/" in r]) == 2
 
 
+@pytest.mark.e2e
 def test_a_gated_repo_without_hf_token_is_one_line(hub_env):
     with HubServer(REPO, FILES, token="hf_gated_secret") as hub:
         process = fetch(hub_env(hub.endpoint, token=None))
@@ -77,6 +79,7 @@ def test_a_gated_repo_without_hf_token_is_one_line(hub_env):
     assert f"tokenizer_model: cannot fetch the tokenizer '{REPO}'" in err and "HF_TOKEN" in err
 
 
+@pytest.mark.e2e
 def test_no_network_says_to_point_at_a_local_directory(hub_env):
     process = fetch(hub_env("http://127.0.0.1:9"))  # nothing listens on the discard port
     _, err = process.communicate(timeout=120)
@@ -94,6 +97,7 @@ def _ends_in_one_line(process, bound_s: float) -> str:
     return err.strip()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode, delay", [("silent", 0), ("slow", 8.0)])
 def test_a_hub_that_does_not_answer_in_time_is_one_line(hub_env, mode, delay):
     """The connection is accepted and no byte comes (or comes after 8 s while reads wait 2 s)."""
@@ -103,12 +107,14 @@ def test_a_hub_that_does_not_answer_in_time_is_one_line(hub_env, mode, delay):
     assert "timeouts: connect 2 s, read 2 s, no answer 6 s; primus.hub.{connect,read,stall}_timeout_s" in line
 
 
+@pytest.mark.e2e
 def test_a_404_is_one_line(hub_env):
     with HubServer(REPO, FILES, token="hf_gated_secret", mode="404") as hub:
         line = _ends_in_one_line(fetch(hub_env(hub.endpoint)), bound_s=90)
     assert "RepositoryNotFoundError" in line and "point tokenizer_model at a local directory" in line
 
 
+@pytest.mark.e2e
 def test_the_waiting_ranks_end_with_rank_0s_line(hub_env):
     """Rank 0 cannot fetch: the other local ranks of this attempt stop with its line, at once;
     a failure recorded by an earlier attempt does not stop them."""

@@ -50,6 +50,7 @@ def test_primus_megatron_module_presets_keep_primus_defaults():
     assert "dataloader_type" not in pre
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR})")
 def test_megatron_module_presets_are_a_fresh_generation():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_module_presets.py"), "--git-dir",

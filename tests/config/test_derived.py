@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from primus.config.provenance import DERIVED
 from primus.compat import AMD_PRIMUS
 from primus.config.resolve import format_why, resolve_experiment
@@ -53,6 +55,7 @@ def test_megatron_tiny_assets_are_derived_too(monkeypatch, tmp_path):
         assert resolved.provenance.chain(f"modules.pre_trainer.{key}")[-1].label == DERIVED, key
 
 
+@pytest.mark.e2e
 def test_train_says_when_a_derived_value_replaces_the_users(tmp_path):
     env = {"PRIMUS_CACHE": str(tmp_path / "cache"), "PRIMUS_WORKSPACE": str(tmp_path / "ws")}
     import os

@@ -50,6 +50,7 @@ def test_two_processes_building_one_fresh_cache_both_get_it_whole(tmp_path):
     assert leftovers == []
 
 
+@pytest.mark.e2e
 def test_a_held_lock_is_refused_or_waited_for(tmp_path):
     lock = tmp_path / "out.lock"
     holder = subprocess.Popen([sys.executable, "-c", (

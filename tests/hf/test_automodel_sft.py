@@ -64,6 +64,7 @@ def test_lora_sft_trains_and_exports_merged(run_primus, workspace, tiny_cache, t
         pytest.approx(automodel_val, abs=1e-4)
 
 
+@pytest.mark.e2e
 def test_an_unknown_recipe_key_is_one_line_before_launch(run_primus, workspace):
     pytest.importorskip("nemo_automodel")
     pytest.importorskip("torchao")

@@ -5,6 +5,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.e2e  # every test here starts Primus or an engine in another process
+
 MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-sft.yaml"
 TORCHTITAN = ROOT / "examples" / "torchtitan" / "llama3_tiny-sft.yaml"
 

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import ROOT, TINY_EXAMPLE, write
 
+pytestmark = pytest.mark.e2e  # every test here starts Primus or an engine in another process
+
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = bool(os.environ.get("PRIMUS_UPDATE_SNAPSHOTS"))
 pytest.importorskip("torchtitan")

@@ -4,7 +4,11 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from tests.conftest import ROOT, TINY_EXAMPLE
+
+pytestmark = pytest.mark.e2e  # every test here starts Primus or an engine in another process
 
 SECRET = "hf_blogflow_secret_123"
 

@@ -93,6 +93,7 @@ def test_plan_inputs_on_the_neutral_tiny_preset():
     assert model.family == "llama3" and layout.dp == 2 and layout.seq_len == 128
 
 
+@pytest.mark.e2e
 def test_primus_plan_on_the_tiny_megatron_example(run_primus):
     result = run_primus("plan", ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", env={"WORLD_SIZE": "1"})
     assert result.returncode == 0, result.stderr

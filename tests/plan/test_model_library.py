@@ -83,6 +83,7 @@ def test_presets_carry_their_source():
             assert f"AMD-AGI/Primus primus/configs/models/megatron/{name}.yaml at fd1eeab" in head[2]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR}; AMD_PRIMUS_GIT_DIR)")
 def test_presets_are_a_fresh_generation():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_model_presets.py"), "--git-dir", str(AMD_MIRROR),

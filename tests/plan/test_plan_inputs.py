@@ -67,6 +67,7 @@ def test_a_model_no_device_can_hold_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("example", ["megatron/llama3.1_8B-pretrain.yaml", "torchtitan/llama3.1_70B-pretrain.yaml",
                                      "torchtitan/deepseek_v3_tiny-moe-pretrain.yaml"])
+@pytest.mark.e2e
 def test_plan_imports_no_engine_and_no_torch(tmp_path, example):
     code = ("import sys; from primus.cli.main import main; code = main(['plan', sys.argv[1], '--nproc-per-node', '8']);"
             "heavy = sorted(m for m in ('torch', 'torchtitan', 'megatron') if m in sys.modules);"
@@ -81,6 +82,7 @@ def _limit_memory():  # a launch this test did not mean to start dies at its fir
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
 
+@pytest.mark.e2e
 def test_train_stops_before_any_rank_starts_when_a_rank_does_not_fit(tmp_path):
     pytest.importorskip("megatron.core")
     exp = ROOT / "examples" / "megatron" / "llama2_7B-pretrain.yaml"

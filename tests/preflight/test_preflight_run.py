@@ -89,6 +89,7 @@ def test_pdf_renders_to_png(quick_run, tmp_path):
     assert pages and pages[0].read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.e2e
 def test_rank_that_never_starts_is_named(tmp_path):
     """WORLD_SIZE=2 but only rank 0 starts: the report names rank 1 within the timeout."""
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
@@ -105,6 +106,7 @@ def test_rank_that_never_starts_is_named(tmp_path):
     assert "did not join" in (tmp_path / "report" / "report.md").read_text()
 
 
+@pytest.mark.e2e
 def test_rank_that_stalls_under_torchrun_is_named(tmp_path):
     """Rank 1 is started but never joins (simulated): rank 0 names it, exits 1, torchrun stops rank 1."""
     options = {"quick": True, "report_dir": str(tmp_path / "report"), "timeout": 4, "tests": "gemm",
@@ -118,6 +120,7 @@ def test_rank_that_stalls_under_torchrun_is_named(tmp_path):
     assert any(f["ranks"] == [1] and "did not join" in f["message"] for f in report["findings"])
 
 
+@pytest.mark.e2e
 def test_cli_one_process(tmp_path):
     """`primus preflight` with one process runs in-process through the launcher."""
     proc = subprocess.run([sys.executable, "-m", "primus.cli.main", "preflight", "--quick", "--tests", "gemm,membw",
@@ -133,6 +136,7 @@ def test_cli_one_process(tmp_path):
     assert bad.returncode == 2 and "did you mean 'allgather'" in bad.stderr
 
 
+@pytest.mark.e2e
 def test_cli_checks_a_wan_experiment(tmp_path):
     """A Wan 2.2 experiment (AutoModel) is planned by preflight's experiment check, not refused."""
     root = Path(__file__).resolve().parents[2]

@@ -40,6 +40,7 @@ def test_the_roll_call_line_names_who_came_and_who_did_not():
     assert RollCall(2, {0: "a", 1: "b"}, {1: 2}).line().endswith("claimed by more than one node: node 1 (2 nodes)")
 
 
+@pytest.mark.e2e
 def test_a_node_that_never_arrives_is_named_and_the_report_is_written(tmp_path):
     started = time.monotonic()
     proc = _node(0, _free_port(), tmp_path / "r", timeout=5)
@@ -59,6 +60,7 @@ def test_a_node_that_never_arrives_is_named_and_the_report_is_written(tmp_path):
     assert (tmp_path / "r" / "report.pdf").stat().st_size > 1000
 
 
+@pytest.mark.e2e
 def test_both_nodes_present_go_on_to_torchrun_on_the_same_port(tmp_path):
     port = _free_port()
     nodes = [_node(rank, port, tmp_path / "r", timeout=60) for rank in (0, 1)]

@@ -52,6 +52,7 @@ def _version(python: Path, name: str) -> str:
                           capture_output=True, text=True, timeout=60).stdout.strip()
 
 
+@pytest.mark.e2e
 def test_an_engine_that_wants_another_torch_is_refused_and_torch_stays(image):
     python, index = image
     out = _prepare(python, index, ["torch==2.11.0"])
@@ -59,6 +60,7 @@ def test_an_engine_that_wants_another_torch_is_refused_and_torch_stays(image):
     assert _version(python, "torch") == IMAGE_TORCH
 
 
+@pytest.mark.e2e
 def test_an_engine_that_accepts_the_images_torch_installs_beside_it(image):
     python, index = image
     out = _prepare(python, index, ["torch>=2"])
@@ -68,6 +70,7 @@ def test_an_engine_that_accepts_the_images_torch_installs_beside_it(image):
     assert again.returncode == 0 and "nothing to do" in again.stdout  # idempotent
 
 
+@pytest.mark.e2e
 def test_core_prepares_before_primus_own_dependencies_exist(image):
     """In the image right after `pip install --no-deps -e .`: no pydantic, no PyYAML, yet
     `python -m primus.prepare core` plans their install under the frozen torch."""

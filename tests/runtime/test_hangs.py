@@ -4,6 +4,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from primus.runtime.hangs import DUMP, VERDICT, HangWatch, analyse, summarise
 from primus.runtime.phases import PhaseClock
 from primus.runtime.watchdog import Deadline, Watchdog
@@ -98,6 +100,7 @@ def test_deadline_is_a_multiple_of_the_median_step_with_a_floor():
     assert Deadline(10).seconds([100]) == 10
 
 
+@pytest.mark.e2e
 def test_an_in_process_rank_gets_hang_detected_in_its_main_thread(tmp_path):
     """One rank run inside the launcher's process: the exception reaches the launcher, which records the end."""
     script = f"""

@@ -142,6 +142,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.e2e
 def test_collective_waits_are_timed_and_torch_records_them_also_on_gloo():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FR", "TORCH_NCCL"))}
     result = subprocess.run([sys.executable, "-c", COLLECTIVES_SCRIPT], cwd=ROOT, capture_output=True, text=True,

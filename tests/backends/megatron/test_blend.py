@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # every test here starts Primus or an engine in another process
+
 pytest.importorskip("megatron.core")
 
 STEPS = 2  # the ``base`` fixture's train_iters

@@ -23,6 +23,7 @@ def run_check(body: str) -> str:
     return result.stdout
 
 
+@pytest.mark.e2e
 def test_patch_current_device_makes_rope_work():
     out = run_check("""
         from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
@@ -39,6 +40,7 @@ def test_patch_current_device_makes_rope_work():
     assert "UNPATCHED-FAILS" in out and "PATCHED (8, 1, 1, 16)" in out
 
 
+@pytest.mark.e2e
 def test_patch_rng_tracker_gives_independent_cpu_stream():
     out = run_check("""
         from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
@@ -65,6 +67,7 @@ def test_patch_rng_tracker_gives_independent_cpu_stream():
     assert "UNPATCHED-FAILS" in out and "PATCHED True True True" in out
 
 
+@pytest.mark.e2e
 def test_patch_cuda_device_arguments_makes_grad_scaler_work():
     out = run_check("""
         from megatron.core.optimizer.grad_scaler import ConstantGradScaler
@@ -81,6 +84,7 @@ def test_patch_cuda_device_arguments_makes_grad_scaler_work():
     assert "UNPATCHED-FAILS" in out and "PATCHED cpu cpu" in out
 
 
+@pytest.mark.e2e
 def test_patch_param_type_checks_makes_grad_clipping_work():
     out = run_check("""
         from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
@@ -101,6 +105,7 @@ def test_patch_param_type_checks_makes_grad_clipping_work():
     assert "PATCHED 0.5 torch.cuda.FloatTensor torch.float64" in out
 
 
+@pytest.mark.e2e
 def test_patch_recompute_rng_makes_activation_recompute_work():
     out = run_check("""
         from megatron.core.tensor_parallel import random as mrandom
@@ -125,6 +130,7 @@ def test_patch_recompute_rng_makes_activation_recompute_work():
     assert "UNPATCHED-FAILS" in out and "PATCHED True True" in out
 
 
+@pytest.mark.e2e
 def test_patch_moe_router_gemm_name_makes_fp32_router_work():
     out = run_check("""
         from megatron.core.transformer.moe import moe_utils
@@ -142,6 +148,7 @@ def test_patch_moe_router_gemm_name_makes_fp32_router_work():
     assert "UNPATCHED-FAILS" in out and "PATCHED True" in out
 
 
+@pytest.mark.e2e
 def test_patch_alltoall_dispatcher_without_cuda_streams():
     """The dispatcher's device-to-host step leaves split sizes that all_to_all_single takes."""
     out = run_check("""
@@ -180,6 +187,7 @@ def test_patch_alltoall_dispatcher_without_cuda_streams():
     assert "PATCHED ndarray True [4]" in out
 
 
+@pytest.mark.e2e
 def test_patch_identity_reduce_for_single_rank_groups():
     """MoE experts with biases at expert TP = EP = 1 (gpt-oss style) add the bias in place to the
     output of a one-rank all-reduce; upstream's autograd Function makes that a forbidden view."""
@@ -208,6 +216,7 @@ def test_patch_identity_reduce_for_single_rank_groups():
     assert "UNPATCHED-FAILS True" in out and "PATCHED [2.0, 2.0, 2.0]" in out
 
 
+@pytest.mark.e2e
 def test_patch_mla_without_transformer_engine():
     out = run_check("""
         from megatron.core.transformer import multi_latent_attention as mla
@@ -223,6 +232,7 @@ def test_patch_mla_without_transformer_engine():
     assert "UNPATCHED-FAILS" in out and "PATCHED False None" in out
 
 
+@pytest.mark.e2e
 def test_patch_local_attention_mla_head_dims():
     """MLA's core attention with Q/K heads of 24 and V heads of 16 on the local spec."""
     out = run_check("""
@@ -260,6 +270,7 @@ def test_patch_local_attention_mla_head_dims():
     assert "UNPATCHED-FAILS" in out and "PATCHED (5, 2, 64) True" in out
 
 
+@pytest.mark.e2e
 def test_patch_torch_norm_sequence_parallel():
     out = run_check("""
         from megatron.core.transformer.torch_norm import WrappedTorchNorm
@@ -282,6 +293,7 @@ def test_patch_torch_norm_sequence_parallel():
     assert "UNPATCHED-FAILS" in out and "PATCHED RMSNorm [True] [None]" in out
 
 
+@pytest.mark.e2e
 def test_patch_torch_fsdp2_cpu_mesh():
     """megatron-core's FSDP2 wrapper shards a megatron-core layer on a CPU mesh (upstream asks for "cuda")."""
     out = run_check("""
@@ -308,6 +320,7 @@ def test_patch_torch_fsdp2_cpu_mesh():
     assert "UNPATCHED-FAILS" in out and "PATCHED cpu DTensor" in out
 
 
+@pytest.mark.e2e
 def test_patch_fsdp2_finish_grad_sync_signature():
     """finalize_model_grads calls finish_grad_sync(force_all_reduce=...) on every chunk, FSDP2's included."""
     out = run_check("""
@@ -326,6 +339,7 @@ def test_patch_fsdp2_finish_grad_sync_signature():
     assert "UNPATCHED-FAILS" in out and "PATCHED" in out
 
 
+@pytest.mark.e2e
 def test_patch_fsdp2_optimizer_param_identity():
     """The optimizer's checkpoint finds an FSDP2 parameter by its local shard (torch >= 2.13's to_local
     returns a fresh view of a Parameter(DTensor))."""

@@ -17,6 +17,8 @@ import pytest
 
 from tests.backends.megatron.conftest import REPO
 
+pytestmark = pytest.mark.e2e  # every test here starts Primus or an engine in another process
+
 pytest.importorskip("megatron.core")
 pytest.importorskip("torchtitan")
 

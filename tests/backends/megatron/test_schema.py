@@ -115,6 +115,7 @@ def test_an_argument_given_twice_under_two_spellings_is_refused():
     assert "the same Megatron-LM argument as 'norm_epsilon' (--norm-epsilon)" in message
 
 
+@pytest.mark.e2e
 def test_schema_checks_need_no_engine_import():
     code = ("import sys; from primus.backends.megatron.arguments import parse_args; "
             "parse_args({'num_layers': 2, 'hidden_size': 64, 'num_attention_heads': 4, 'seq_length': 64, "

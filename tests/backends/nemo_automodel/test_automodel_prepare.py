@@ -58,6 +58,7 @@ def index(tmp_path):
     return folder
 
 
+@pytest.mark.e2e
 def test_constraint_keeps_the_installed_torch(index, tmp_path):
     constraint = tmp_path / "constraints.txt"
     constraint.write_text("\n".join(frozen_pins()) + "\n")

@@ -64,6 +64,7 @@ def _backend_model(tmp_path, config):
     return model
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("interleave,qk_norm", [(2, True), (1, False)])
 def test_logits_match_transformers_llama4(tmp_path, interleave, qk_norm):
     """MoE (sigmoid top-1 score on the expert input, shared expert), dense/MoE interleave, NoPE layer 3 with
@@ -102,6 +103,7 @@ def test_init_draws_router_experts_and_rope(tmp_path):
     assert rotary.inv_freq.abs().min().item() > 0
 
 
+@pytest.mark.e2e
 def test_chunked_layers_get_their_own_mask(tmp_path):
     model = _backend_model(tmp_path, _tiny_config(tmp_path))
     masks = model.get_attention_masks(torch.arange(SEQ).expand(1, SEQ))

@@ -43,6 +43,7 @@ def test_every_name_torchtitan_can_build_is_shipped_with_its_source():
         assert f"AMD-AGI/Primus primus/configs/models/torchtitan/{name}.yaml at fd1eeab" in head[2]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR}; AMD_PRIMUS_GIT_DIR)")
 def test_presets_are_a_fresh_generation():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_torchtitan_models.py"), "--git-dir",

@@ -23,6 +23,7 @@ def test_patches_are_named_gated_and_explained():
         assert patch.why and str(patch.versions) and patch.applies() in (True, False)
 
 
+@pytest.mark.e2e
 def test_cpu_device_type():
     import torch
 
@@ -36,6 +37,7 @@ def test_cpu_device_type():
     assert fixed.stdout.split() == ["cpu", "1"]
 
 
+@pytest.mark.e2e
 def test_triton_import_stub():
     bare = _python("import torchtitan.distributed.minimal_async_ep")
     if bare.returncode == 0:
@@ -47,6 +49,7 @@ def test_triton_import_stub():
     assert fixed.stdout.strip() == "False"  # the stand-in is gone once torchtitan is imported
 
 
+@pytest.mark.e2e
 def test_set_timeout_alias():
     bare = _python("import torch.distributed as d; print(hasattr(d, 'set_timeout'))")
     if bare.stdout.strip() == "True":
@@ -82,6 +85,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode, ok", [("bare", False), ("patched", True)])
 def test_gloo_sum_reduction(tmp_path, mode, ok):
     import torch
@@ -119,6 +123,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode, ok", [("bare", False), ("patched", True)])
 def test_pipeline_presplit_microbatches(tmp_path, mode, ok):
     from primus.backends.torchtitan.patches import _torch_step_lacks_presplit
@@ -137,6 +142,7 @@ def test_pipeline_presplit_microbatches(tmp_path, mode, ok):
         assert result.returncode == 0 and "losses True" in result.stdout, result.stderr[-2000:]
     else:
         assert result.returncode != 0 and "arg_mbs" in result.stderr  # the upstream failure
+@pytest.mark.e2e
 def test_peak_flops_from_primus_table():
     probe = ("import logging, sys; logging.basicConfig(stream=sys.stdout, level=logging.WARNING); {setup}; "
              "import torchtitan.tools.utils as u; print(u.get_peak_flops('cpu'), u.get_peak_flops('AMD Instinct MI300X'))")
@@ -163,6 +169,7 @@ else:
 """
 
 
+@pytest.mark.e2e
 def test_float8_on_cpu():
     import torch
 

@@ -18,6 +18,7 @@ EXAMPLES = sorted((ROOT / "examples" / "torchtitan").glob("*pretrain*.yaml"))
 PRESETS = ["llama3.1_8B", "qwen3_0.6b", "deepseek_v3_16b", "gpt_oss_20b", "llama4_17Bx16E", "deepseek_v3_tiny"]
 
 
+@pytest.mark.e2e
 def test_the_table_is_a_fresh_generation():
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_torchtitan_plan_table.py"), "--check"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)

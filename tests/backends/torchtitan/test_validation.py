@@ -75,6 +75,7 @@ def test_pipeline_microbatches_are_said(capsys):
             "for 2 stages") in derived
 
 
+@pytest.mark.e2e
 def test_train_refuses_before_writing_anything(run_primus, workspace):
     result = run_primus("train", TINY_EXAMPLE, "exp_name=bad", "training.steps=0")
     assert result.returncode == 2
