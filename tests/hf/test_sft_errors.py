@@ -37,9 +37,3 @@ def test_sft_without_instruction_data_is_refused(run_primus, workspace):
     missing = run_primus("train", TORCHTITAN, "dataloader.dataset_path=/nonexistent/data.jsonl")
     assert missing.returncode == 2
     assert "modules.pre_trainer.dataloader.dataset_path: /nonexistent/data.jsonl does not exist" in missing.stderr
-
-
-def test_packing_with_causal_sdpa_is_refused_on_torchtitan(run_primus):
-    result = run_primus("train", TORCHTITAN, "dataloader.packing=true")
-    assert result.returncode == 2 and "modules.pre_trainer.dataloader.packing" in result.stderr
-    assert "document-aware attention" in result.stderr

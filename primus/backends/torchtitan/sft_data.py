@@ -5,8 +5,8 @@ Set as ``Trainer.Config.dataloader`` (and as the validator's dataloader with ``s
 any other TorchTitan key. Batches are ``({"input", "positions"}, labels)`` with ``IGNORE_INDEX``
 (TorchTitan's own) on everything but response tokens; the trainer counts valid tokens and
 normalises the loss by them. Packed documents restart their positions at 0, which TorchTitan's
-FlexAttention / varlen masks turn into per-document attention; causal SDPA cannot, so packing
-with SDPA is refused before training (``check_packing``).
+FlexAttention / varlen masks turn into per-document attention; on CPU (causal SDPA) the SFT recipe
+gives SDPA the same boundaries as an explicit mask (``attention.DocumentCausalSDPA``).
 """
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ class SFTDataLoader(ParallelAwareDataloader):
         valid_fraction: float = 0.05
         conversation_format: Format = "auto"
         packing: bool = False
-        """Several conversations per sequence (needs document-aware attention: flex or varlen)."""
+        """Several conversations per sequence, each attending only to itself (flex, varlen, or SDPA with a
+        per-document mask)."""
 
         seed: int = 1234
         split: Literal["train", "valid"] = "train"
