@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from primus.config.errors import ConfigError
-from primus.data.sft import Format, SFTDataSpec, SFTSequences, build_splits, describe, load_tokenizer
+from primus.data.sft import Format, SFTDataSpec, SFTSequences, build_splits, describe, load_tokenizer, loss_targets
 
 
 class SFTIterable(IterableDataset, Stateful):
@@ -35,7 +35,7 @@ class SFTIterable(IterableDataset, Stateful):
             row = self.sequences.row(self.index)
             self.index += self.dp_world
             yield ({"input": torch.tensor(row.inputs), "positions": torch.tensor(row.positions)},
-                   torch.tensor(row.labels))
+                   torch.tensor(loss_targets(row)[0]))
 
     def state_dict(self) -> dict[str, Any]:
         return {"index": self.index}
