@@ -135,3 +135,29 @@ def test_a_packed_torchtitan_sft_run_trains_on_cpu(run_primus, workspace):
     assert len(losses) == 4 and all(loss == loss and loss > 0 for loss in losses), losses
     evals = read_evals(run_dir)
     assert [row["step"] for row in evals][-2:] == [2, 4] and evals[-1]["loss"] < evals[0]["loss"], evals
+
+
+@pytest.mark.e2e
+def test_megatron_packed_and_padded_conversations_have_the_same_per_token_losses(hf_models, tmp_path):
+    """The same check through megatron-core's GPT model and the Megatron SFT dataset's block-diagonal mask."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("megatron.core")
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "result.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+               str(Path(__file__).with_name("megatron_packing_worker.py")), str(hf_models("llama")), str(out)]
+    result = subprocess.run(["timeout", "-k", "10", "300", *command], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    measured = json.loads(out.read_text())
+    print(f"megatron packed vs padded: {measured}")
+    assert measured["rows"] == [1, len(CONVERSATIONS)] and measured["tokens"][0] == measured["tokens"][1] > 20
+    assert measured["mean_loss"] > 1.0
+    assert measured["max_abs_diff"] <= 1e-5, measured
+    assert measured["causal_only_diff"] > 1e-3, measured  # the mask is what keeps them apart
