@@ -43,6 +43,11 @@ class TorchTitanSFT(TorchTitanRecipe):
         if loader.packing and attn_backend == "sdpa":
             from primus.backends.torchtitan.attention import use_document_sdpa
 
+            if cfg.parallelism.context_parallel_degree > 1:  # TorchTitan's CP takes no document boundaries here
+                raise fail("dataloader.packing", "packed conversations on SDPA need each whole sequence on one rank; "
+                                                 "context parallelism splits it. Use packing: false, or "
+                                                 "parallelism.context_parallel_degree: 1")
+
             if not use_document_sdpa(cfg.model_spec.model):
                 raise fail("dataloader.packing", "packed conversations need document-aware attention, which this "
                                                  "model's SDPA attention cannot take; use packing: false (one "
