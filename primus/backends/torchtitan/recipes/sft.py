@@ -47,11 +47,10 @@ class TorchTitanSFT(TorchTitanRecipe):
                 raise fail("dataloader.packing", "packed conversations on SDPA need each whole sequence on one rank; "
                                                  "context parallelism splits it. Use packing: false, or "
                                                  "parallelism.context_parallel_degree: 1")
-
-            if not use_document_sdpa(cfg.model_spec.model):
-                raise fail("dataloader.packing", "packed conversations need document-aware attention, which this "
-                                                 "model's SDPA attention cannot take; use packing: false (one "
-                                                 "conversation per sequence, padded)")
+            if not use_document_sdpa(cfg.model_spec.model):  # e.g. flex kept for attention sinks, HF attention
+                raise fail("dataloader.packing", "packed conversations need document-aware attention, and this "
+                                                 "model's attention takes no per-document mask on this host; use "
+                                                 "packing: false (one conversation per sequence, padded)")
             derived.append(("attn_backend", "sdpa, per-document causal mask",
                             "dataloader.packing: packed conversations attend only within themselves"))
         if cfg.validator.enable and not loader.valid_dataset_path and loader.valid_fraction <= 0:
