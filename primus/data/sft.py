@@ -392,6 +392,19 @@ def build_sequences(examples: Iterable[Example], seq_len: int, pad_id: int, pack
     return rows, dropped
 
 
+def loss_targets(row: SFTSequence, fill: int = IGNORE_INDEX) -> tuple[list[int], list[bool]]:
+    """Which positions of a row carry loss, and their targets: the one definition every backend's
+    collator reads, so Megatron, TorchTitan and AutoModel learn from exactly the same tokens.
+
+    Position i carries loss when its target, token i+1 of its conversation, is a response token
+    (``tokenize``: assistant turns, their end-of-turn markers, the final end of sequence); prompts,
+    the template's scaffolding, a conversation's first token and padding carry none. The targets
+    hold ``fill`` where no loss is taken, because engines differ there: torch's cross entropy skips
+    ``IGNORE_INDEX``; Megatron's vocab-parallel one needs a real token id and reads the mask instead."""
+    carries = [label != IGNORE_INDEX for label in row.labels]
+    return [label if loss else fill for label, loss in zip(row.labels, carries)], carries
+
+
 def document_ids(positions: Sequence[int]) -> list[int]:
     """Which document each token belongs to: a new one wherever the position restarts at 0."""
     ids, doc = [], -1
@@ -423,7 +436,7 @@ class SFTSequences:
         return self.rows[self._orders[epoch][offset]]
 
     def supervised_tokens(self) -> int:
-        return sum(label != IGNORE_INDEX for row in self.rows for label in row.labels)
+        return sum(sum(loss_targets(row)[1]) for row in self.rows)
 
 
 def load_tokenizer(path: str | Path):

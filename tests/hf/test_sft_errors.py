@@ -41,7 +41,11 @@ def test_sft_without_instruction_data_is_refused(run_primus, workspace):
     assert "modules.pre_trainer.dataloader.dataset_path: /nonexistent/data.jsonl does not exist" in missing.stderr
 
 
-def test_packing_with_causal_sdpa_is_refused_on_torchtitan(run_primus):
-    result = run_primus("train", TORCHTITAN, "dataloader.packing=true")
-    assert result.returncode == 2 and "modules.pre_trainer.dataloader.packing" in result.stderr
-    assert "document-aware attention" in result.stderr
+def test_packing_on_sdpa_with_context_parallelism_is_refused_on_torchtitan(run_primus, workspace):
+    """Per-document SDPA masks whole sequences; context parallelism would split them across ranks."""
+    result = run_primus("train", TORCHTITAN, "--nproc-per-node", "2", "dataloader.packing=true",
+                        "parallelism.context_parallel_degree=2")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("primus: error:")]
+    assert len(lines) == 1 and "modules.pre_trainer.dataloader.packing" in lines[0] and "context parallelism" in lines[0]
+    assert not (workspace / "amd").exists()

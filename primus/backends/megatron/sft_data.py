@@ -8,7 +8,7 @@ both honour; position ids restart at every document.
 """
 from __future__ import annotations
 
-from primus.data.sft import IGNORE_INDEX, SFTSequences, document_ids
+from primus.data.sft import SFTSequences, document_ids, loss_targets
 
 
 class MegatronSFTDataset:
@@ -24,16 +24,15 @@ class MegatronSFTDataset:
         import torch
 
         row = self.sequences.row(index)
-        labels = torch.tensor(row.labels, dtype=torch.long)
-        supervised = labels != IGNORE_INDEX
+        targets, carries_loss = loss_targets(row, fill=self.pad_id)
         docs = torch.tensor(document_ids(row.positions))
         n = len(row)
         causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
         same_document = docs.unsqueeze(0) == docs.unsqueeze(1)
         return {
             "tokens": torch.tensor(row.inputs, dtype=torch.long),
-            "labels": torch.where(supervised, labels, torch.full_like(labels, self.pad_id)),
-            "loss_mask": supervised.float(),
+            "labels": torch.tensor(targets, dtype=torch.long),
+            "loss_mask": torch.tensor(carries_loss, dtype=torch.float),
             "position_ids": torch.tensor(row.positions, dtype=torch.long),
             "attention_mask": ~(causal & same_document).unsqueeze(0),
         }

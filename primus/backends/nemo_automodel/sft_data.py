@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from primus.data.sft import IGNORE_INDEX, Format, SFTDataSpec, build_splits, document_ids, load_tokenizer
+from primus.data.sft import IGNORE_INDEX, Format, SFTDataSpec, build_splits, document_ids, load_tokenizer, loss_targets
 
 
 class SFTExamples:
@@ -27,7 +27,7 @@ class SFTExamples:
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self.rows[index]
         n = document_ids(row.positions).count(0)  # the conversation; the rest is padding
-        return {"input_ids": row.inputs[:n], "labels": row.labels[:n], "attention_mask": [1] * n,
+        return {"input_ids": row.inputs[:n], "labels": loss_targets(row)[0][:n], "attention_mask": [1] * n,
                 "___PAD_TOKEN_IDS___": {"input_ids": self.pad_id, "labels": IGNORE_INDEX, "attention_mask": 0}}
 
 

@@ -5,8 +5,8 @@ Set as ``Trainer.Config.dataloader`` (and as the validator's dataloader with ``s
 any other TorchTitan key. Batches are ``({"input", "positions"}, labels)`` with ``IGNORE_INDEX``
 (TorchTitan's own) on everything but response tokens; the trainer counts valid tokens and
 normalises the loss by them. Packed documents restart their positions at 0, which TorchTitan's
-FlexAttention / varlen masks turn into per-document attention; causal SDPA cannot, so packing
-with SDPA is refused before training (``check_packing``).
+FlexAttention / varlen masks turn into per-document attention; on CPU (causal SDPA) the SFT recipe
+gives SDPA the same boundaries as an explicit mask (``attention.DocumentCausalSDPA``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from primus.config.errors import ConfigError
-from primus.data.sft import Format, SFTDataSpec, SFTSequences, build_splits, describe, load_tokenizer
+from primus.data.sft import Format, SFTDataSpec, SFTSequences, build_splits, describe, load_tokenizer, loss_targets
 
 
 class SFTIterable(IterableDataset, Stateful):
@@ -35,7 +35,7 @@ class SFTIterable(IterableDataset, Stateful):
             row = self.sequences.row(self.index)
             self.index += self.dp_world
             yield ({"input": torch.tensor(row.inputs), "positions": torch.tensor(row.positions)},
-                   torch.tensor(row.labels))
+                   torch.tensor(loss_targets(row)[0]))
 
     def state_dict(self) -> dict[str, Any]:
         return {"index": self.index}
@@ -68,7 +68,8 @@ class SFTDataLoader(ParallelAwareDataloader):
         valid_fraction: float = 0.05
         conversation_format: Format = "auto"
         packing: bool = False
-        """Several conversations per sequence (needs document-aware attention: flex or varlen)."""
+        """Several conversations per sequence, each attending only to itself (flex, varlen, or SDPA with a
+        per-document mask)."""
 
         seed: int = 1234
         split: Literal["train", "valid"] = "train"

@@ -33,15 +33,26 @@ class TorchTitanSFT(TorchTitanRecipe):
                                       tiny_root=tiny_assets_dir(module.params))
 
     def finish_config(self, cfg: Any, attn_backend: str, fail: Callable[[str, str], ConfigError]) -> list:
-        """The validator reads the held-out split; packing needs document-aware attention."""
+        """The validator reads the held-out split. Packed conversations must not attend to each other:
+        flex and varlen keep them apart themselves; causal SDPA (the CPU backend) is given each
+        sequence's per-document mask instead (``attention.DocumentCausalSDPA``)."""
         loader = cfg.dataloader
         if not loader.dataset_path:
             raise fail("dataloader.dataset_path", "stage sft needs instruction data (a JSONL file or a folder of them)")
-        if loader.packing and attn_backend == "sdpa":
-            raise fail("dataloader.packing", "packed conversations need document-aware attention (attn_backend flex "
-                                             "or varlen); causal SDPA would let them attend to each other. Use "
-                                             "packing: false (one conversation per sequence, padded)")
         derived = []
+        if loader.packing and attn_backend == "sdpa":
+            from primus.backends.torchtitan.attention import use_document_sdpa
+
+            if cfg.parallelism.context_parallel_degree > 1:  # TorchTitan's CP takes no document boundaries here
+                raise fail("dataloader.packing", "packed conversations on SDPA need each whole sequence on one rank; "
+                                                 "context parallelism splits it. Use packing: false, or "
+                                                 "parallelism.context_parallel_degree: 1")
+            if not use_document_sdpa(cfg.model_spec.model):  # e.g. flex kept for attention sinks, HF attention
+                raise fail("dataloader.packing", "packed conversations need document-aware attention, and this "
+                                                 "model's attention takes no per-document mask on this host; use "
+                                                 "packing: false (one conversation per sequence, padded)")
+            derived.append(("attn_backend", "sdpa, per-document causal mask",
+                            "dataloader.packing: packed conversations attend only within themselves"))
         if cfg.validator.enable and not loader.valid_dataset_path and loader.valid_fraction <= 0:
             raise fail("validator.enable", "validation needs held-out instructions: dataloader.valid_fraction > 0 or "
                                            "dataloader.valid_dataset_path")
