@@ -26,7 +26,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "amd_primus"
 CHECKOUT = os.environ.get("AMD_PRIMUS_CHECKOUT")
 AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo"))
 
-# Where Primus runs something else, and says so in a differs: line (docs/compat.md, "What differs").
+# Where Primus runs something else, and says so in a differs: line (docs/compat.md, "Key by key against AMD
+# Primus's own resolution").
 ANNOUNCED = {
     # AMD's default selective_ac_option ("2", layer-wise) with mode: selective: TorchTitan 0.3.0 is per-op
     # only (no AMD example at fd1eeab relies on it)
