@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate the table of what AMD Primus resolves for each of its Megatron example files, key by key.
+"""Generate the tables of what AMD Primus resolves for each of its Megatron and TorchTitan example files, key by key.
 
 For every ``examples/megatron/configs/MI*/*.yaml`` of AMD Primus at the commit below it does what AMD
 Primus's ``PrimusParser`` does, read from its files (not from Primus's copies):
@@ -17,7 +17,18 @@ The table keeps ``COMPARED`` (the network, the optimiser, the batch, the run len
 timeouts, parallelism and data source) for each file: ``tests/compat/amd_resolved.json``.
 ``tests/compat/test_amd_resolved.py`` compares Primus's resolved Megatron arguments with it.
 
-    python tools/gen_amd_resolved.py [--git-dir AMD_PRIMUS_GIT_DIR] [--commit fd1eeab] [--check]
+For every ``examples/torchtitan/configs/MI*/*.yaml`` the same merge (1-4) gives the TorchTitan 0.2 settings
+AMD Primus hands its trainer; the table keeps ``TORCHTITAN_COMPARED`` (the model, the optimiser and its
+schedule, the batch, the run length, compile, activation checkpointing, the data trained on, the layout)
+for each file: ``tests/compat/amd_resolved_torchtitan.json``, compared by
+``tests/compat/test_amd_resolved_torchtitan.py``. Two columns are what AMD Primus's code makes of a pair
+of keys: ``data`` is ``mock`` when ``training.mock_data`` is true (its ``mock_hf_dataset`` patch replaces
+``datasets.load_dataset`` whatever ``training.dataset`` names), else ``training.dataset``;
+``activation_checkpoint`` is the mode, with ``selective_ac_option`` beside ``selective`` (``op``: per-op;
+a number: every n-th layer).
+
+    python tools/gen_amd_resolved.py [--framework megatron|torchtitan] [--git-dir AMD_PRIMUS_GIT_DIR]
+                                     [--commit fd1eeab] [--check]
 """
 from __future__ import annotations
 
@@ -41,7 +52,9 @@ SOURCE_REPO = "AMD-AGI/Primus"
 SOURCE_COMMIT = "fd1eeabbad15135e3702094087e96142b4b4eacb"
 DEFAULT_GIT_DIR = os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo")
 OUT = REPO / "tests" / "compat" / "amd_resolved.json"
+TORCHTITAN_OUT = REPO / "tests" / "compat" / "amd_resolved_torchtitan.json"
 EXAMPLES = re.compile(r"^examples/megatron/configs/MI[0-9A-Z]+/[^/]+\.yaml$")
+TORCHTITAN_EXAMPLES = re.compile(r"^examples/torchtitan/configs/MI[0-9A-Z]+/[^/]+\.yaml$")
 CONFIGS = "primus/configs"
 COMPARED = (
     # the network
@@ -58,6 +71,20 @@ COMPARED = (
     # parallelism, precision, data source
     "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
     "sequence_parallel", "pipeline_model_parallel_layout", "bf16", "mock_data", "dataloader_type",
+)
+TORCHTITAN_COMPARED = (
+    # the model (a registry name and flavor)
+    "model.name", "model.flavor",
+    # optimiser and schedule
+    "optimizer.name", "optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "optimizer.beta1", "optimizer.beta2",
+    "lr_scheduler.warmup_steps", "lr_scheduler.decay_ratio", "lr_scheduler.decay_type", "lr_scheduler.min_lr_factor",
+    # batch, length, precision, compile, recomputation, data
+    "training.local_batch_size", "training.global_batch_size", "training.seq_len", "training.steps",
+    "training.max_norm", "training.mixed_precision_param", "compile.enable", "activation_checkpoint", "data",
+    # layout, checkpoints
+    "parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
+    "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
+    "parallelism.context_parallel_degree", "parallelism.expert_parallel_degree", "checkpoint.enable",
 )
 _ENV = re.compile(r"\$\{([^:{}]+)(?::([^}]*))?}")
 
@@ -120,6 +147,38 @@ def resolve(git_dir: str, commit: str, path: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def resolve_torchtitan(git_dir: str, commit: str, path: str) -> dict[str, dict[str, Any]]:
+    """{module name: the TorchTitan 0.2 settings AMD Primus's trainer reads, TORCHTITAN_COMPARED only}."""
+    out = {}
+    for name, module in (load(git_dir, commit, path).get("modules") or {}).items():
+        if not isinstance(module, dict) or module.get("framework") != "torchtitan":
+            continue
+        config = load(git_dir, commit, f"{CONFIGS}/modules/torchtitan/{module['config']}")
+        model = load(git_dir, commit, f"{CONFIGS}/models/torchtitan/{module['model']}")
+        merged = {**{k: v for k, v in model.items() if k not in config}, **config}  # merge_namespace, no override
+        merged = deep_merge(merged, module.get("overrides") or {})
+        out[name] = {key: torchtitan_value(merged, key, path) for key in TORCHTITAN_COMPARED}
+    return out
+
+
+def torchtitan_value(settings: dict[str, Any], key: str, path: str) -> Any:
+    """One column: a setting, or what AMD Primus's code makes of two (``data``, ``activation_checkpoint``)."""
+    def at(dotted: str) -> Any:
+        node: Any = settings
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:  # AMD's pre_trainer.yaml sets every column
+                raise SystemExit(f"gen_amd_resolved: {path}: {dotted} is not set")
+            node = node[part]
+        return node
+
+    if key == "data":  # primus/backends/torchtitan/patches/mock_dataset_patches.py
+        return "mock" if at("training.mock_data") else at("training.dataset")
+    if key == "activation_checkpoint":
+        mode = at("activation_checkpoint.mode")
+        return f"selective({at('activation_checkpoint.selective_ac_option')})" if mode == "selective" else mode
+    return at(key)
+
+
 def megatron_lm_rules(args: dict[str, Any]) -> dict[str, Any]:
     """The values Megatron-LM d3528a2's ``validate_args`` (megatron/training/arguments.py) derives among
     ``COMPARED``: an unset FFN width, head width or expert width, sequence parallelism at TP 1."""
@@ -156,6 +215,18 @@ def generate(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dic
             "generator": "tools/gen_amd_resolved.py", "keys": list(COMPARED), "rows": rows}
 
 
+def generate_torchtitan(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dict[str, Any]:
+    commit = git(git_dir, "rev-parse", commit).strip()
+    files = sorted(p for p in git(git_dir, "ls-tree", "-r", "--name-only", commit, "examples/torchtitan").split()
+                   if TORCHTITAN_EXAMPLES.match(p))
+    rows = {}
+    for path in files:
+        for name, values in resolve_torchtitan(git_dir, commit, path).items():
+            rows[f"{path}:{name}"] = [values[key] for key in TORCHTITAN_COMPARED]
+    return {"source": f"{SOURCE_REPO}@{commit}", "torchtitan": "TorchTitan 0.2 settings (AMD Primus's names)",
+            "generator": "tools/gen_amd_resolved.py", "keys": list(TORCHTITAN_COMPARED), "rows": rows}
+
+
 def dump(table: dict[str, Any]) -> str:
     """One row per line: reviewable diffs, a small file."""
     head = {k: v for k, v in table.items() if k != "rows"}
@@ -170,16 +241,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--git-dir", default=DEFAULT_GIT_DIR, help="AMD Primus git directory (a bare mirror is fine)")
     parser.add_argument("--commit", default=SOURCE_COMMIT)
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--check", action="store_true", help="compare with --out; exit 1 on a difference")
+    parser.add_argument("--out-torchtitan", type=Path, default=TORCHTITAN_OUT)
+    parser.add_argument("--framework", choices=("megatron", "torchtitan"), action="append",
+                        help="generate this framework's table only (repeatable; default: both)")
+    parser.add_argument("--check", action="store_true", help="compare with the tables; exit 1 on a difference")
     args = parser.parse_args(argv)
-    text = dump(generate(args.git_dir, args.commit))
-    if args.check:
-        if not args.out.exists() or args.out.read_text() != text:
-            print(f"gen_amd_resolved: {args.out} differs from a fresh generation")
-            return 1
-        return 0
-    args.out.write_text(text)
-    return 0
+    tables = {"megatron": (generate, args.out), "torchtitan": (generate_torchtitan, args.out_torchtitan)}
+    stale = []
+    for framework in args.framework or list(tables):
+        make, out = tables[framework]
+        text = dump(make(args.git_dir, args.commit))
+        if not args.check:
+            out.write_text(text)
+        elif not out.exists() or out.read_text() != text:
+            stale.append(str(out))
+    for out in stale:
+        print(f"gen_amd_resolved: {out} differs from a fresh generation")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

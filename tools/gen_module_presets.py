@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Generate AMD Primus's Megatron module presets (primus/configs/modules/megatron/amd/{trainer_base,pre_trainer,
-sft_trainer}.yaml) from its files of the same names, so that an experiment in AMD Primus's format (one that
-carries an AMD Primus-only key, ``primus.compat.dialect``) gets AMD Primus's defaults from ``config:
-pre_trainer.yaml``; Primus's own experiments keep Primus's presets of those names (one folder up).
+"""Generate AMD Primus's Megatron and TorchTitan module presets (primus/configs/modules/megatron/amd/
+{trainer_base,pre_trainer,sft_trainer}.yaml, primus/configs/modules/torchtitan/amd/pre_trainer.yaml) from its
+files of the same names, so that an experiment in AMD Primus's format (one that carries an AMD Primus-only key,
+``primus.compat.dialect``) gets AMD Primus's defaults from ``config: pre_trainer.yaml``; Primus's own
+experiments keep Primus's presets of those names (one folder up).
 
 AMD Primus (``primus/configs/modules/megatron/<name>.yaml`` at the commit below) resolves each file's
 ``extends:`` chain with a deep merge (later wins, the file last) and hands Megatron-LM only the keys that
@@ -16,17 +17,38 @@ patches, all off here) or dropped. Each generated file is that merge, flattened 
 - AMD Primus's own keys left out, named in the header: what each does when an experiment sets it is
   ``primus/compat/megatron.py``'s business.
 
-    python tools/gen_module_presets.py [--git-dir AMD_PRIMUS_GIT_DIR] [--commit fd1eeab] [--check]
+TorchTitan (``--framework torchtitan``): AMD Primus's ``primus/configs/modules/torchtitan/pre_trainer.yaml``
+(``extends:`` ``../module_base.yaml`` and ``quantize.yaml``), merged the same way, into
+``primus/configs/modules/torchtitan/amd/pre_trainer.yaml``. Its keys are TorchTitan 0.2's; each goes through
+the compat rules an experiment's key goes through (``primus/compat/torchtitan.py``: ``beta1``/``beta2`` ->
+``betas``, ``profiling`` -> ``profiler``, ``training.mock_data: true`` -> ``dataloader.dataset: mock``, ...),
+then the file keeps:
+
+- Primus's TorchTitan shortcuts (``optimizer.{name,lr,betas,eps,weight_decay}``, ``activation_checkpoint.mode``);
+- the TorchTitan 0.3.0 ``Trainer.Config`` fields whose value is not TorchTitan 0.3.0's default;
+- the keys a rule says have no effect here (AMD Primus's own, 0.2 settings 0.3.0 dropped) left out, named in
+  the header. Two AMD values the file cannot hold in our names, because they act only beside another key
+  (``training.dataset`` with ``mock_data: false``, ``selective_ac_option`` with ``mode: selective``), are
+  ``primus.compat.torchtitan.AMD_PRESET``: checked here against AMD's file.
+
+    python tools/gen_module_presets.py [--framework megatron|torchtitan] [--git-dir AMD_PRIMUS_GIT_DIR]
+                                       [--commit fd1eeab] [--check]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
+import dataclasses
 import difflib
+import io
 import os
 import posixpath
 import re
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +58,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SOURCE_REPO = "AMD-AGI/Primus"
-SOURCE_DIR = "primus/configs/modules/megatron"
 SOURCE_COMMIT = "fd1eeabbad15135e3702094087e96142b4b4eacb"
 DEFAULT_GIT_DIR = os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo")
-OUT_DIR = REPO / "primus" / "configs" / "modules" / "megatron" / "amd"
-NAMES = ("trainer_base.yaml", "pre_trainer.yaml", "sft_trainer.yaml")
 KEPT_AMD_KEYS = ("stage",)
 _ENV = re.compile(r"\$\{([^:{}]+)(?::([^}]*))?}")
 
@@ -67,21 +86,21 @@ def _no_env(value: Any) -> Any:
     return value
 
 
-def resolve(git_dir: str, commit: str, path: str) -> tuple[dict[str, Any], list[str]]:
+def resolve(git_dir: str, commit: str, path: str, source_dir: str) -> tuple[dict[str, Any], list[str]]:
     """AMD Primus's ``yaml_loader.parse_yaml`` of ``path``: parents (``extends:``, relative) first, the file last."""
     data = yaml.safe_load(git_show(git_dir, commit, path)) or {}
     parents = data.pop("extends", None) or []
     merged: dict[str, Any] = {}
-    chain = [posixpath.relpath(path, SOURCE_DIR)]
+    chain = [posixpath.relpath(path, source_dir)]
     for parent in [parents] if isinstance(parents, str) else parents:
         values, parent_chain = resolve(git_dir, commit, posixpath.normpath(posixpath.join(posixpath.dirname(path),
-                                                                                          parent)))
+                                                                                          parent)), source_dir)
         merged = deep_merge(merged, values)
         chain += parent_chain
     return deep_merge(merged, {k: _no_env(v) for k, v in data.items()}), chain
 
 
-def reduce(amd: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+def reduce_megatron(amd: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
     """(kept Megatron-LM arguments and stage, AMD-only keys left out, null-for-a-default keys left out)."""
     from primus.backends.megatron.schema import megatron_lm_table
 
@@ -100,14 +119,10 @@ def reduce(amd: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
     return kept, amd_only, nulls
 
 
-def render(name: str, kept: dict[str, Any], amd_only: list[str], nulls: list[str], chain: list[str],
-           commit: str) -> str:
+def render_megatron(name: str, amd: dict[str, Any], chain: list[str], commit: str) -> str:
+    kept, amd_only, nulls = reduce_megatron(amd)
     lines = [
-        f"# AMD Primus's Megatron module preset {name}, as AMD Primus resolves it (config: {name} in a file in",
-        "# AMD Primus's format: primus/compat/dialect.py).",
-        "# GENERATED by tools/gen_module_presets.py -- do not edit; regenerate instead.",
-        f"# Source: {SOURCE_REPO} {SOURCE_DIR}/{name} at {commit}",
-        f"#   resolved through: {' <- '.join(chain)} (flattened: no extends)",
+        *_head("megatron", name, chain, commit),
         "# Kept: the Megatron-LM d3528a2 arguments whose value is not Megatron-LM's default.",
         f"# Left out, null for an argument with a default (Megatron-LM's default runs): {', '.join(nulls) or 'none'}",
         f"# Left out, AMD Primus's own keys ({len(amd_only)}: Primus-Turbo, zero-bubble and Primus pipeline "
@@ -117,15 +132,166 @@ def render(name: str, kept: dict[str, Any], amd_only: list[str], nulls: list[str
     return "\n".join(lines) + "\n" + yaml.safe_dump(kept, sort_keys=False, default_flow_style=False, width=120)
 
 
-def generate(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dict[str, str]:
+def _head(framework: str, name: str, chain: list[str], commit: str) -> list[str]:
+    title = {"megatron": "Megatron", "torchtitan": "TorchTitan"}[framework]
+    return [
+        f"# AMD Primus's {title} module preset {name}, as AMD Primus resolves it (config: {name} in a file in",
+        "# AMD Primus's format: primus/compat/dialect.py).",
+        "# GENERATED by tools/gen_module_presets.py -- do not edit; regenerate instead.",
+        f"# Source: {SOURCE_REPO} {FRAMEWORKS[framework].source_dir}/{name} at {commit}",
+        f"#   resolved through: {' <- '.join(chain)} (flattened: no extends)",
+    ]
+
+
+# -- TorchTitan ------------------------------------------------------------------------------------------------
+
+def translate_torchtitan(amd: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """AMD's TorchTitan 0.2 settings through the compat rules an experiment's keys go through, as a module in
+    AMD Primus's format: (our settings, the translations)."""
+    from primus.compat import translate_module
+    from primus.config.provenance import Provenance
+
+    params = copy.deepcopy(amd)
+    _, translations = translate_module("pre_trainer", "torchtitan", params, stage="pretrain", stage_explicit=False,
+                                       experiment={"logging": {}}, provenance=Provenance(), amd_format=True)
+    return params, translations
+
+
+def _torchtitan_defaults() -> Any:
+    """A fresh TorchTitan 0.3.0 ``Trainer.Config`` with the pretraining recipe's dataloader: the defaults."""
+    from primus.runtime.registry import get_adapter
+
+    get_adapter("torchtitan", "framework").import_engine()  # torchtitan imports triton: a stand-in on a CPU host
+    from torchtitan.trainer import Trainer
+
+    from primus.backends.torchtitan.data import PrimusTextDataLoader
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return Trainer.Config(dataloader=PrimusTextDataLoader.Config())
+
+
+def reduce_torchtitan(params: dict[str, Any]) -> dict[str, Any]:
+    """Primus's shortcuts, and the TorchTitan 0.3.0 fields whose value is not TorchTitan 0.3.0's default."""
+    from primus.backends.torchtitan.config import OPTIMIZER_SHORTCUTS
+
+    shortcuts = {*(f"optimizer.{name}" for name in OPTIMIZER_SHORTCUTS), "activation_checkpoint.mode"}
+    defaults = _torchtitan_defaults()
+    kept: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], path: str, config: Any) -> None:
+        for key, value in node.items():
+            dotted = f"{path}.{key}" if path else key
+            fields = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+            if dotted in shortcuts:
+                kept.setdefault(path, {})[key] = value
+            elif key not in fields:
+                raise SystemExit(f"gen_module_presets: AMD's {dotted} is no TorchTitan 0.3.0 field and no compat "
+                                 "rule covers it: add one to primus/compat/torchtitan.py")
+            elif isinstance(value, dict) and dataclasses.is_dataclass(getattr(config, key)):
+                walk(value, dotted, getattr(config, key))
+            elif _differs(value, getattr(config, key)):
+                kept.setdefault(path, {})[key] = value
+
+    walk(params, "", defaults)
+    out: dict[str, Any] = {}
+    for path, values in kept.items():  # nested again, sections in AMD's order
+        node = out
+        for part in path.split("."):
+            node = node.setdefault(part, {})
+        node.update(values)
+    return out
+
+
+def _differs(value: Any, default: Any) -> bool:
+    return not (value == default or (isinstance(default, tuple) and list(default) == value))
+
+
+def _left_out(amd: dict[str, Any], translations: list[Any], said: set[str]) -> list[str]:
+    """The AMD keys a rule says have no effect here (less ``said``), a whole section of them as ``section.*``."""
+    gone = list(dict.fromkeys(t.source for t in translations if t.target is None and t.source not in said))
+    out: list[str] = []
+    for key in gone:
+        section = key.split(".")[0]
+        whole = isinstance(amd.get(section), dict) and all(
+            any(leaf == g or leaf.startswith(f"{g}.") for g in gone) for leaf in _leaves(amd[section], section))
+        name = f"{section}.*" if whole else key
+        if name not in out:
+            out.append(name)
+    return sorted(out, key=lambda name: list(amd).index(name.split(".")[0]))
+
+
+def _leaves(node: dict[str, Any], path: str) -> list[str]:
+    out = []
+    for key, value in node.items():
+        dotted = f"{path}.{key}"
+        out += _leaves(value, dotted) if isinstance(value, dict) and value else [dotted]
+    return out
+
+
+def render_torchtitan(name: str, amd: dict[str, Any], chain: list[str], commit: str) -> str:
+    from primus.compat.torchtitan import AMD_PRESET
+
+    for key, value in AMD_PRESET.items():
+        node: Any = amd
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node != value:
+            raise SystemExit(f"gen_module_presets: AMD's {name} has {key}: {node!r}; primus.compat.torchtitan."
+                             f"AMD_PRESET says {value!r}: update it")
+    params, translations = translate_torchtitan(amd)
+    kept = reduce_torchtitan(params)
+    left_out = _left_out(amd, translations, set(AMD_PRESET))
+    lines = [
+        "# TorchTitan 0.2 names translated by primus/compat/torchtitan.py (training.mock_data: true is dataloader.dataset:",
+        "#   mock, whatever training.dataset names). Kept: Primus's optimizer / activation-checkpoint shortcuts and the",
+        "#   TorchTitan 0.3.0 fields whose value is not TorchTitan 0.3.0's default.",
+        "# Read only beside another key (primus.compat.torchtitan.AMD_PRESET): "
+        + ", ".join(f"{k}: {v}" for k, v in AMD_PRESET.items()),
+        f"# Left out, no effect here ({len(left_out)}; primus/compat/torchtitan.py says why): {', '.join(left_out)}",
+    ]
+    return "\n".join([*_head("torchtitan", name, chain, commit), *_wrap(lines)]) + "\n" + yaml.safe_dump(
+        kept, sort_keys=False, default_flow_style=None, width=120)
+
+
+def _wrap(lines: list[str], width: int = 120) -> list[str]:
+    out = []
+    for line in lines:
+        while len(line) > width:
+            cut = line.rfind(" ", 0, width)
+            out.append(line[:cut])
+            line = "#   " + line[cut + 1:]
+        out.append(line)
+    return out
+
+
+@dataclass(frozen=True)
+class Framework:
+    source_dir: str
+    out_dir: Path
+    names: tuple[str, ...]
+    render: Callable[[str, dict[str, Any], list[str], str], str]
+
+
+FRAMEWORKS = {
+    "megatron": Framework("primus/configs/modules/megatron", REPO / "primus" / "configs" / "modules" / "megatron" / "amd",
+                          ("trainer_base.yaml", "pre_trainer.yaml", "sft_trainer.yaml"), render_megatron),
+    "torchtitan": Framework("primus/configs/modules/torchtitan",
+                            REPO / "primus" / "configs" / "modules" / "torchtitan" / "amd", ("pre_trainer.yaml",),
+                            render_torchtitan),
+}
+
+
+def generate(framework: str = "megatron", git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT
+             ) -> dict[str, str]:
     full = subprocess.run(["git", "--git-dir", git_dir, "rev-parse", commit], capture_output=True, text=True)
     if full.returncode != 0:
         raise SystemExit(f"gen_module_presets: no commit {commit} in {git_dir}")
     commit = full.stdout.strip()
+    spec = FRAMEWORKS[framework]
     files = {}
-    for name in NAMES:
-        amd, chain = resolve(git_dir, commit, f"{SOURCE_DIR}/{name}")
-        files[name] = render(name, *reduce(amd), chain, commit)
+    for name in spec.names:
+        amd, chain = resolve(git_dir, commit, f"{spec.source_dir}/{name}", spec.source_dir)
+        files[name] = spec.render(name, amd, chain, commit)
     return files
 
 
@@ -133,19 +299,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--git-dir", default=DEFAULT_GIT_DIR, help="AMD Primus git directory (a bare mirror is fine)")
     parser.add_argument("--commit", default=SOURCE_COMMIT)
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
-    parser.add_argument("--check", action="store_true", help="compare with --out; exit 1 on a difference")
+    parser.add_argument("--framework", choices=list(FRAMEWORKS), action="append",
+                        help="this framework's presets only (repeatable; default: every framework)")
+    parser.add_argument("--out", type=Path, help="the output folder (one --framework only; default: its amd/ folder)")
+    parser.add_argument("--check", action="store_true", help="compare with the output; exit 1 on a difference")
     args = parser.parse_args(argv)
+    frameworks = args.framework or list(FRAMEWORKS)
+    if args.out is not None and len(frameworks) != 1:
+        parser.error("--out needs exactly one --framework")
     stale = []
-    for name, text in generate(args.git_dir, args.commit).items():
-        path = args.out / name
-        if args.check:
-            current = path.read_text() if path.exists() else ""
-            if current != text:
-                stale.append(name)
-                sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True), str(path), name))
-        else:
-            path.write_text(text)
+    for framework in frameworks:
+        out = args.out or FRAMEWORKS[framework].out_dir
+        for name, text in generate(framework, args.git_dir, args.commit).items():
+            path = out / name
+            if args.check:
+                current = path.read_text() if path.exists() else ""
+                if current != text:
+                    stale.append(f"{framework}/{name}")
+                    sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True),
+                                                               str(path), name))
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
     if stale:
         print(f"gen_module_presets: {len(stale)} preset(s) differ from a fresh generation: {', '.join(stale)}")
         return 1

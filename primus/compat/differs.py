@@ -53,7 +53,8 @@ def lines_for(module: Any, engine_config: Any = None) -> list[str]:
     return list(seen)
 
 
-def record(ctx: Any, key: str, value: Any, target: str, runs: Any, why: str) -> None:
-    """A file's ``key: value`` that does not run: ``target=runs`` does (kind ``differs``)."""
-    origin = ctx.last_source(key)
+def record(ctx: Any, key: str, value: Any, target: str, runs: Any, why: str, at: str | None = None) -> None:
+    """A file's ``key: value`` that does not run: ``target=runs`` does (kind ``differs``). ``at``: the key whose
+    file:line the line cites, when ``key`` is a default the file does not write."""
+    origin = ctx.last_source(at or key)
     ctx._record(Translation(key, value, target, why, "differs", origin.where if origin else "", runs))

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.compat import differs
 from primus.compat.rules import custom, inert, kernel, rename, table, unsupported
 
 TT02 = "TorchTitan 0.2 name"
 TURBO = "Primus-Turbo kernel switch"
 BETAS = ("optimizer.beta1", "optimizer.beta2")
+MOCK = "mock"  # primus/backends/torchtitan/mock_data.py (compat sits below the backends: the name, not the import)
+# AMD Primus's pre_trainer.yaml values that act only beside another key, so its generated copy in our names
+# (primus/configs/modules/torchtitan/amd/pre_trainer.yaml) cannot hold them: the rules below read them.
+# tools/gen_module_presets.py checks them against AMD's file.
+AMD_PRESET = {"training.dataset": "c4", "activation_checkpoint.selective_ac_option": "2"}
 
 
 def _betas(value: Any, ctx, key: str) -> None:
@@ -37,12 +43,19 @@ AC_FIELDS = ("preserve_rng_state", "determinism_check", "debug", "force_recomput
 
 
 def _ac_mode(value: Any, ctx, key: str) -> None:
-    """``mode`` is ours too; ``mode: none`` drops the policy keys beside it (0.3.0 would refuse them)."""
+    """``mode`` is ours too; ``mode: none`` drops the policy keys beside it (0.3.0 would refuse them). In AMD
+    Primus's format ``mode: selective`` without ``selective_ac_option`` is AMD's default option, layer-wise,
+    which TorchTitan 0.3.0 no longer has: the per-op policy runs, said in a ``differs:`` line."""
     ctx.params.setdefault("activation_checkpoint", {})["mode"] = value
     if value == "none":
         section = ctx.params["activation_checkpoint"]
         for sibling in [k for k in section if k in AC_FIELDS]:
             ctx.note(f"activation_checkpoint.{sibling}", section.pop(sibling), "activation checkpointing is off")
+    option = "activation_checkpoint.selective_ac_option"
+    if value == "selective" and ctx.amd_format and option not in ctx.amd and AMD_PRESET[option] != "op":
+        differs.record(ctx, option, AMD_PRESET[option], key, "selective (per-op)",
+                       f"AMD Primus's default option with mode: selective (its pre_trainer.yaml): layer-wise, "
+                       f"one layer in {AMD_PRESET[option]}; TorchTitan 0.3.0's selective AC is per-op only", at=key)
 
 
 def _selective_option(value: Any, ctx, key: str) -> None:
@@ -114,12 +127,36 @@ def _float8_settings(ctx, ours: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def _amd_mock_default(ctx) -> bool:
+    """The module trains on AMD Primus's mock data by its AMD module preset's default (``mock_data: true``,
+    there ``dataloader.dataset: mock``), not by a key of the experiment's own."""
+    source = ctx.last_source("dataloader.dataset")
+    return (ctx.amd_format and ctx.get("dataloader.dataset") == MOCK and source is not None
+            and source.label.startswith("module preset"))
+
+
 def _mock_data(value: Any, ctx, key: str) -> None:
+    """AMD Primus's ``mock_data: true`` replaces ``datasets.load_dataset`` (its ``mock_hf_dataset`` patch):
+    mock tokens whatever ``training.dataset`` names. ``false`` reads ``training.dataset``, AMD's preset's
+    (``AMD_PRESET``) when the file names none."""
     if value:
-        ctx.set(key, "mock", "dataloader.dataset", "AMD Primus's mock data: its random-integer text samples, as "
-                                                   "TorchTitan dataset 'mock' (primus/backends/torchtitan/mock_data.py)")
+        ctx.set(key, MOCK, "dataloader.dataset", "AMD Primus's mock data: its random-integer text samples, as "
+                                                 "TorchTitan dataset 'mock' (primus/backends/torchtitan/mock_data.py)")
+    elif "training.dataset" not in ctx.amd and _amd_mock_default(ctx):
+        ctx.set(key, AMD_PRESET["training.dataset"], "dataloader.dataset",
+                "mock data off: AMD Primus's training.dataset (its pre_trainer.yaml)")
     else:
         ctx.note(key, value, "data comes from dataloader.dataset")
+
+
+def _dataset(value: Any, ctx, key: str) -> None:
+    """``training.dataset`` is ``dataloader.dataset``, read only when mock data is off (``_mock_data``)."""
+    mock = ctx.amd.get("training.mock_data")
+    if mock or (mock is None and _amd_mock_default(ctx)):
+        ctx.note(key, value, "not read: training.mock_data is true" + ("" if mock else " (AMD Primus's default)")
+                 + ": mock tokens replace any dataset, as in AMD Primus; set training.mock_data: false to train on it")
+        return
+    ctx.set(key, value, "dataloader.dataset", TT02)
 
 
 def _custom_import(value: Any, ctx, key: str) -> None:
@@ -149,7 +186,7 @@ RULES = table(
     custom("model.converters", "model converters", _converters),
     inert("model.print_after_conversion", "TorchTitan 0.2 debug print"),
     # -- training / data -----------------------------------------------------------------------
-    rename("training.dataset", "dataloader.dataset", TT02),
+    custom("training.dataset", "dataset (read with mock data off)", _dataset),
     rename("training.dataset_path", "dataloader.dataset_path", TT02),
     custom("training.mock_data", "AMD Primus mock data", _mock_data),
     rename("training.compile", "compile.enable", TT02),

@@ -1,4 +1,5 @@
-"""Primus's resolved Megatron arguments for an AMD Primus example, in the keys of tests/compat/amd_resolved.json."""
+"""Primus's resolved engine settings for an AMD Primus example, in the keys of tests/compat/amd_resolved.json
+(Megatron) and tests/compat/amd_resolved_torchtitan.json (TorchTitan)."""
 from __future__ import annotations
 
 import json
@@ -6,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 TABLE = Path(__file__).with_name("amd_resolved.json")
+TORCHTITAN_TABLE = Path(__file__).with_name("amd_resolved_torchtitan.json")
 
 
-def amd_table() -> dict[str, Any]:
-    return json.loads(TABLE.read_text())
+def amd_table(path: Path = TABLE) -> dict[str, Any]:
+    return json.loads(path.read_text())
 
 
 def primus_arguments(path: Path, keys: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]],
@@ -29,10 +31,37 @@ def primus_arguments(path: Path, keys: list[str]) -> tuple[dict[str, dict[str, A
     for name, module in resolved.modules.items():
         _, plan = plan_module(resolved, module, None, require_engine=False, target=target)
         args = plan.engine_config
-        values[name] = {key: _plain(getattr(args, key, None)) for key in keys}
+        values[name] = ({key: torchtitan_value(args, module.params, key) for key in keys}
+                        if module.framework == "torchtitan" else
+                        {key: _plain(getattr(args, key, None)) for key in keys})
         lines[name] = lines_for(module, args)
         stages[name] = module.stage
     return values, lines, stages
+
+
+def torchtitan_value(cfg: Any, params: dict[str, Any], key: str) -> Any:
+    """One column of the TorchTitan table, read from TorchTitan 0.3.0's ``Trainer.Config`` (``cfg``): the
+    0.2 names of the table (``optimizer.beta1``) from 0.3.0's objects (the catch-all param group)."""
+    if key in ("model.name", "model.flavor"):
+        return params["model"][key.split(".")[1]]
+    if key.startswith("optimizer."):
+        group = cfg.optimizer.param_groups[0]
+        name = key.split(".")[1]
+        if name == "name":
+            return group.optimizer_name
+        if name in ("beta1", "beta2"):
+            return group.optimizer_kwargs["betas"][name == "beta2"]
+        return group.optimizer_kwargs[name]
+    if key == "data":
+        return cfg.dataloader.dataset
+    if key == "activation_checkpoint":
+        kind = type(cfg.activation_checkpoint).__qualname__.split(".")[0]  # SelectiveAC.Config
+        return {"NoneType": "none", "FullAC": "full", "SelectiveAC": "selective(op)",
+                "MemoryBudgetAC": "memory_budget"}[kind]
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return _plain(node)
 
 
 def _plain(value: Any) -> Any:

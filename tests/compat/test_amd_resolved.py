@@ -102,6 +102,6 @@ def test_every_amd_example_resolves_as_amd_primus_does():
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR})")
 def test_the_table_is_a_fresh_generation():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_amd_resolved.py"), "--git-dir",
-                             str(AMD_MIRROR), "--check", "--out", str(TABLE)], capture_output=True, text=True,
-                            timeout=900)
+                             str(AMD_MIRROR), "--framework", "megatron", "--check", "--out", str(TABLE)],
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

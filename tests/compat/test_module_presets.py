@@ -1,4 +1,4 @@
-"""Module presets under AMD Primus's names: they exist, hold Primus's own names only, and agree."""
+"""Module presets under AMD Primus's names: they exist, hold Primus's own names only, and agree with AMD's files."""
 import os
 import subprocess
 import sys
@@ -12,6 +12,7 @@ from primus.config.presets import CONFIGS_ROOT, load_with_extends
 
 ROOT = Path(__file__).resolve().parents[2]
 MEGATRON = CONFIGS_ROOT / "modules" / "megatron"
+TORCHTITAN = CONFIGS_ROOT / "modules" / "torchtitan"
 AMD_NAMES = {"megatron": ["pre_trainer.yaml", "sft_trainer.yaml", "trainer_base.yaml", "primus_turbo.yaml",
                           "torch_compile.yaml", "zero_bubble.yaml", "primus_pipeline.yaml"],
              "torchtitan": ["pre_trainer.yaml", "quantize.yaml"], "nemo_automodel": ["pre_trainer.yaml"]}
@@ -50,9 +51,37 @@ def test_primus_megatron_module_presets_keep_primus_defaults():
     assert "dataloader_type" not in pre
 
 
+def test_amd_torchtitan_module_preset_says_what_amd_primus_says():
+    """AMD Primus's TorchTitan defaults (its pre_trainer.yaml) in TorchTitan 0.3.0's names, AMD's keys none."""
+    from primus.compat.dialect import SHARED
+    from primus.compat.translate import covered
+
+    pre = merged(TORCHTITAN / "amd" / "pre_trainer.yaml")
+    assert pre["optimizer"] == {"eps": 1e-8, "lr": 8e-4, "name": "AdamW", "weight_decay": 0.1, "betas": [0.9, 0.95]}
+    assert pre["compile"] == {"enable": True} and pre["activation_checkpoint"] == {"mode": "none"}
+    assert pre["dataloader"] == {"dataset": "mock"}  # AMD's training.mock_data: true
+    # TorchTitan 0.3.0's defaults, AMD Primus's values too: no line (decay_ratio null, seq_len 2048, 10000 steps)
+    assert "lr_scheduler" not in pre and "training" not in pre
+    rules = {**common.RULES, **TABLES["torchtitan"]}
+    assert [key for key, rule, _ in covered(pre, rules) if rule.key not in SHARED] == []
+
+
+def test_primus_torchtitan_module_preset_keeps_primus_defaults():
+    """Primus's own TorchTitan experiments read Primus's preset of the same name, unchanged."""
+    pre = merged(TORCHTITAN / "pre_trainer.yaml")
+    assert pre["lr_scheduler"]["decay_ratio"] == 0.8 and pre["compile"] == {"enable": False}
+    assert pre["optimizer"]["lr"] == 3.0e-4 and pre["activation_checkpoint"] == {"mode": "selective"}
+    assert pre["training"]["seq_len"] == 8192 and pre["training"]["steps"] == 1000
+    assert pre["dataloader"] == {"dataset": "c4"}
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR})")
-def test_megatron_module_presets_are_a_fresh_generation():
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
+def test_module_presets_are_a_fresh_generation(framework):
+    if framework == "torchtitan":
+        pytest.importorskip("torchtitan")  # the generator reads TorchTitan 0.3.0's defaults
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_module_presets.py"), "--git-dir",
-                             str(AMD_MIRROR), "--check"], capture_output=True, text=True, timeout=120)
+                             str(AMD_MIRROR), "--framework", framework, "--check"], capture_output=True, text=True,
+                            timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr

@@ -1,9 +1,13 @@
-"""AMD Primus keys in a real run (TorchTitan, tiny, CPU): each said once per rank, kernels named, averages."""
+"""AMD Primus keys in a real run (TorchTitan, tiny, CPU): each said once per rank, kernels named, averages; an
+AMD Primus-format file trains on AMD Primus's mock tokens, as it does there."""
 
 import pytest
 
-from tests.conftest import TINY_EXAMPLE
+from tests.conftest import ROOT, TINY_EXAMPLE
 from tests.helpers import read_metrics
+
+AMD_QWEN3 = ROOT / "tests" / "fixtures" / "amd_primus" / "examples" / "torchtitan" / "configs" / "MI300X" / \
+    "qwen3_8B-pretrain.yaml"
 
 pytestmark = [pytest.mark.e2e]
 
@@ -35,3 +39,23 @@ def yaml_load(path):
     import yaml
 
     return yaml.safe_load(path.read_text())
+
+
+def test_an_amd_format_file_trains_on_amd_primus_mock_tokens(run_primus, workspace, tiny_cache):
+    """AMD's Qwen3 8B file names no data: AMD Primus trains it on its mock tokens (its pre_trainer.yaml's
+    ``mock_data: true``), so here too. Shrunk on the command line (the tiny model and tokenizer; compile off
+    to keep the CPU run short)."""
+    pytest.importorskip("torchtitan")
+    from primus.data.tiny_assets import ensure_tiny_assets
+
+    tokenizer = ensure_tiny_assets(tiny_cache / "tiny_llm")["tokenizer"]
+    result = run_primus("train", AMD_QWEN3, f"workspace={workspace}", "exp_name=amd-mock",
+                        "modules.pre_trainer.model=llama3_tiny.yaml", f"hf_assets_path={tokenizer}",
+                        "training.steps=2", "training.local_batch_size=2", "training.seq_len=64",
+                        "compile.enable=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = workspace / "amd" / "root" / "amd-mock"
+    params = yaml_load(run_dir / "config.resolved.yaml")["modules"]["pre_trainer"]["params"]
+    assert params["dataloader"] == {"dataset": "mock"} and params["optimizer"]["lr"] == 8e-4
+    assert "Preparing mock dataset" in (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+    assert len(read_metrics(run_dir)) == 2
