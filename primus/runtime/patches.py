@@ -73,6 +73,8 @@ def uses(part: str, says: str) -> Condition:
 
 @dataclass(frozen=True)
 class Patch:
+    """One upstream problem and its fix; ``apply`` makes every replacement through the ``Swaps`` it is given."""
+
     name: str
     why: str  # one line
     package: str  # the distribution whose version gates the patch
@@ -80,19 +82,28 @@ class Patch:
     when: Condition
     apply: Callable[["Swaps"], None]
 
+    def installed(self) -> Version | None:
+        try:
+            return Version(importlib.metadata.version(self.package))
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def in_range(self) -> bool:
+        version = self.installed()
+        return version is not None and self.versions.contains(version, prereleases=True)
+
     def verdict(self, where: Where) -> tuple[bool, str]:
         """(applies, the reason in words) for ``where``: the version range first, then the condition."""
-        try:
-            version = Version(importlib.metadata.version(self.package))
-        except importlib.metadata.PackageNotFoundError:
+        version = self.installed()
+        if version is None:
             return False, f"{self.package} is not installed"
-        if not self.versions.contains(version, prereleases=True):
+        if not self.in_range():
             return False, f"{self.package} {version} is outside {self.versions}"
         if where.uses is None and self.when.needs_run:
             return False, f"depends on the run: applies when {self.when.says}"
         if not self.when.holds(where):
             return False, f"not needed: applies when {self.when.says}"
-        return True, f"{self.when.says} ({self.package} {version} in {self.versions})"
+        return True, f"{self.when.says}; {self.package} {version} in {self.versions}"
 
 
 class Swaps:
@@ -175,7 +186,8 @@ class Patcher:
         for patch, reason in self.applied:
             logger.info("%s patch applied: %s: %s [%s]", engine, patch.name, patch.why, reason)
         for patch, reason in self.skipped:
-            if " is outside " in reason and not patch.when.needs_run and patch.when.holds(self.where):
+            needed = not patch.when.needs_run and patch.when.holds(self.where)
+            if patch.installed() is not None and not patch.in_range() and needed:
                 logger.warning("%s patch not applied: %s: %s (needed here: %s)", engine, patch.name, reason,
                                patch.when.says)
             else:
