@@ -160,9 +160,10 @@ def megatron(run_dir: Path, bare_argv: list[str]) -> dict:
     import logging
     from types import SimpleNamespace
 
-    from primus.backends.megatron.cpu_patches import apply_cpu_patches
+    from primus.backends.megatron.patches import PATCHES
+    from primus.runtime.patches import NO_GPU, Where, apply_for_process
 
-    apply_cpu_patches()
+    apply_for_process([patch for patch in PATCHES if patch.when is NO_GPU], Where.here(()))  # the CPU shims
     calls: list = []
     models: list = []
     _record_megatron(calls, models)

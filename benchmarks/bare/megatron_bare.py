@@ -4,7 +4,7 @@ The baseline for Primus's Megatron overhead. megatron-core ships no trainer (the
 ``megatron.training``), so this is the loop Megatron-LM's ``pretrain_gpt.py`` runs, cut to this
 job (1 rank or data parallel), one loss line per step as its ``training_log``; no checkpoints.
 
-The one thing taken from Primus is its CPU patch module (``primus.backends.megatron.cpu_patches``):
+The one thing taken from Primus is its CPU patches (``primus.backends.megatron.patches``, the NO_GPU ones):
 megatron-core cannot run on a CPU-only torch without those shims (``torch.cuda.current_device()``
 at its allocation sites, RNG streams kept in CUDA generators, literal ``device='cuda'`` scalars in
 the optimizer, grad clipping and schedules, ``'torch.cuda.FloatTensor'`` type checks in clipping),
@@ -210,9 +210,10 @@ def teardown() -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from primus.backends.megatron.cpu_patches import apply_cpu_patches  # CPU-only host: see module docstring
+    from primus.backends.megatron.patches import PATCHES  # CPU-only host: see module docstring
+    from primus.runtime.patches import NO_GPU, Where, apply_for_process
 
-    apply_cpu_patches()
+    apply_for_process([patch for patch in PATCHES if patch.when is NO_GPU], Where.here(()))  # the CPU shims
     try:
         job = setup(args)
         dump = Path(args.dump)

@@ -161,9 +161,10 @@ def build_config(args: argparse.Namespace):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from primus.backends.torchtitan.patches import PATCHES  # CPU-only host: see module docstring
+    from primus.runtime.patches import Where
 
     for patch in PATCHES:
-        if patch.name not in args.without_patch and patch.applies():
+        if patch.name not in args.without_patch and patch.verdict(Where.here(()))[0]:
             patch.apply()
     import torch.distributed as dist
     from torchtitan.tools.logging import init_logger

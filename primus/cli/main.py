@@ -21,6 +21,7 @@ COMMANDS = [
     "primus.preflight.cli",
     "primus.cli.plan",
     "primus.cli.export",
+    "primus.cli.patches",
 ]
 
 

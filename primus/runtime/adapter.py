@@ -253,6 +253,8 @@ class BackendAdapter:
     data_commands: ClassVar[tuple[str, ...]] = ()
     # plan() reads Primus's own tables only (no engine import): `config validate --no-engine` plans
     plans_without_engine: ClassVar[bool] = False
+    # the module listing this engine's compatibility ``PATCHES`` and ``params_uses`` (``primus patches``)
+    patches: ClassVar[str | None] = None
 
     @property
     def stages(self) -> tuple[str, ...]:

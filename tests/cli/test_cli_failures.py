@@ -29,6 +29,7 @@ COMMANDS = {
     ("preflight",): (["preflight", "--dry-run"], ["preflight", "--timeout", "soon"]),
     ("plan",): (["plan", str(TINY_EXAMPLE)], ["plan"]),
     ("export",): (["export", "run", "--to", "hf", "out"], ["export", "run", "--to", "hf"]),
+    ("patches",): (["patches"], ["patches", "--device"]),
 }
 
 

@@ -19,9 +19,9 @@ def start(tp: int, ep: int = 1):
     import torch
 
     torch.set_num_threads(1)
-    from primus.backends.megatron.cpu_patches import apply_cpu_patches
+    from primus.backends.megatron.patches import apply_patches
 
-    apply_cpu_patches()
+    apply_patches()
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 

@@ -87,9 +87,9 @@ def main() -> int:
             adapter.prepare(plan, lambda message: None)
         dist.barrier()
         if plan.module.framework == "megatron":
-            from primus.backends.megatron.cpu_patches import apply_cpu_patches
+            from primus.backends.megatron.patches import apply_patches
 
-            apply_cpu_patches()
+            apply_patches()  # what the recipe's run applies around the trainer
         run = megatron_case if plan.module.framework == "megatron" else torchtitan_case
         result = run(plan, rank, world)
         (out / f"{case['name']}.rank{rank}.json").write_text(json.dumps(result))

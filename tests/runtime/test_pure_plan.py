@@ -100,8 +100,8 @@ changed = patched()
 modes = len(torch.overrides._get_current_function_mode_stack())
 # the control: the run-time patches, applied now, are seen by the same probe
 from primus.backends.torchtitan.patches import apply_patches
-from primus.backends.megatron.cpu_patches import apply_cpu_patches, apply_upstream_fixes
-apply_patches(); apply_cpu_patches(); apply_upstream_fixes()
+from primus.backends.megatron.patches import apply_patches as apply_megatron_patches
+apply_patches(); apply_megatron_patches()
 control = patched()
 print(json.dumps({"codes": codes, "changed": changed, "function_modes": modes, "control": control}))
 """

@@ -12,6 +12,7 @@ from primus.runtime.adapter import BackendAdapter
 class MegatronAdapter(BackendAdapter):
     name = "megatron"
     distribution = "megatron-core"
+    patches = "primus.backends.megatron.patches"
     import_probe = "megatron.core.models.gpt"
     extra = "megatron"
     recipes = {

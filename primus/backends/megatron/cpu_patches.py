@@ -1,36 +1,20 @@
-"""CPU compatibility patches for megatron-core, applied only when CUDA is absent.
+"""Compatibility patches for megatron-core: the CPU ones, then upstream bugs on every device.
 
 megatron-core is written for GPUs: it passes ``device=torch.cuda.current_device()`` about 250
 times, keeps its RNG streams in CUDA generators, builds optimizer/DDP scalars with
 ``device='cuda'`` and checks parameter types by their CUDA names. None of that is a bug on a GPU;
 on a CPU-only torch (gloo, tests, laptops) each is a hard failure. Every patch below is one named
-function with the upstream reason, gated on the megatron-core versions it was verified against.
-``apply_cpu_patches()`` applies them once (idempotent) and says which ones it applied.
+function with the upstream reason; ``patches.py`` lists them with the versions and the condition
+under which a run applies them, and each replacement goes through ``Swaps`` so the run can undo it.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import logging
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-
-from primus.backends.megatron.fsdp_patches import FSDP2_FIXES
-
-logger = logging.getLogger("primus.megatron.cpu_patches")
-
-# Verified against megatron-core 0.16.1; the hard-coded CUDA sites are the same across 0.16.x.
-SUPPORTED_MEGATRON_CORE = SpecifierSet(">=0.16.0,<0.17")
-
-_applied: list[str] = []
+from primus.runtime.patches import PERMANENT, Swaps
 
 
-def megatron_core_version() -> Version:
-    return Version(importlib.metadata.version("megatron-core"))
-
-
-def patch_current_device() -> None:
+def patch_current_device(swap: Swaps = PERMANENT) -> None:
     """``torch.cuda.current_device()`` -> ``"cpu"``.
 
     Why: megatron-core allocates with ``device=torch.cuda.current_device()`` everywhere (RoPE
@@ -41,11 +25,11 @@ def patch_current_device() -> None:
     """
     import torch
 
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda *args, **kwargs: None
+    swap.set(torch.cuda, "current_device", lambda: "cpu")
+    swap.set(torch.cuda, "synchronize", lambda *args, **kwargs: None)
 
 
-def patch_rng_tracker() -> None:
+def patch_rng_tracker(swap: Swaps = PERMANENT) -> None:
     """``CudaRNGStatesTracker.add/fork`` keep their streams in CPU generators.
 
     Why: ``tensor_parallel.model_parallel_cuda_manual_seed`` registers the data-parallel and
@@ -78,11 +62,11 @@ def patch_rng_tracker() -> None:
             self.states_[name] = torch.get_rng_state()
             torch.set_rng_state(outer)
 
-    mrandom.CudaRNGStatesTracker.add = add
-    mrandom.CudaRNGStatesTracker.fork = fork
+    swap.set(mrandom.CudaRNGStatesTracker, "add", add)
+    swap.set(mrandom.CudaRNGStatesTracker, "fork", fork)
 
 
-def patch_recompute_rng() -> None:
+def patch_recompute_rng(swap: Swaps = PERMANENT) -> None:
     """Activation recompute saves and restores "the CUDA RNG state" in the CPU generator.
 
     Why: ``tensor_parallel.checkpoint`` (``recompute_granularity: full`` and ``selective``) calls
@@ -94,19 +78,18 @@ def patch_recompute_rng() -> None:
     import torch
     from megatron.core.tensor_parallel import random as mrandom
 
-    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
-    mrandom._set_cuda_rng_state = lambda new_state, *args, **kwargs: torch.set_rng_state(new_state)
+    swap.set(mrandom, "_get_cuda_rng_state", lambda *args, **kwargs: torch.get_rng_state())
+    swap.set(mrandom, "_set_cuda_rng_state", lambda new_state, *args, **kwargs: torch.set_rng_state(new_state))
 
 
 # What the shared TorchFunctionMode rewrites; each flag is switched on by its own patch.
 _MODE_RULES = {"cuda_device": False, "cuda_type_names": False}
-_mode = None
+_MODE = {"entered": None}  # the mode while it is on the stack
 
 
-def _install_cpu_mode() -> None:
-    """Push one ``TorchFunctionMode`` that applies the enabled ``_MODE_RULES`` (once per process)."""
-    global _mode
-    if _mode is not None:
+def _install_cpu_mode(swap: Swaps) -> None:
+    """Push one ``TorchFunctionMode`` that applies the enabled ``_MODE_RULES``; popped when ``swap`` is undone."""
+    if _MODE["entered"] is not None:
         return
     import torch
     from torch.overrides import TorchFunctionMode
@@ -129,11 +112,12 @@ def _install_cpu_mode() -> None:
                 return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
             return func(*args, **kwargs)
 
-    _mode = CudaOnCpuMode()
-    _mode.__enter__()  # stays on the mode stack for the life of the process (main thread)
+    mode = CudaOnCpuMode()
+    swap.enter(mode)  # on this (the main) thread's mode stack until the run ends
+    swap.set_item(_MODE, "entered", mode)
 
 
-def patch_cuda_device_arguments() -> None:
+def patch_cuda_device_arguments(swap: Swaps = PERMANENT) -> None:
     """Map ``device='cuda'`` to CPU and make ``Tensor.cuda()`` a no-op (via a TorchFunctionMode).
 
     Why: Megatron's optimizer, grad scaler, gradient clipping, DDP buffers and the pipeline
@@ -143,11 +127,11 @@ def patch_cuda_device_arguments() -> None:
     ``current_device()``; intercepting them at the torch-function level fixes every site
     without copying upstream code.
     """
-    _MODE_RULES["cuda_device"] = True
-    _install_cpu_mode()
+    swap.set_item(_MODE_RULES, "cuda_device", True)
+    _install_cpu_mode(swap)
 
 
-def patch_param_type_checks() -> None:
+def patch_param_type_checks(swap: Swaps = PERMANENT) -> None:
     """CPU tensors report CUDA type names to Megatron's ``x.type() == 'torch.cuda.*'`` checks.
 
     Why: ``clip_grads.clip_grad_by_total_norm_fp32`` asserts
@@ -156,11 +140,11 @@ def patch_param_type_checks() -> None:
     same CUDA type names (bf16 and ``use_distributed_optimizer`` raise ``TypeError`` on CPU).
     Only the argument-less ``Tensor.type()`` query is rewritten; conversions are untouched.
     """
-    _MODE_RULES["cuda_type_names"] = True
-    _install_cpu_mode()
+    swap.set_item(_MODE_RULES, "cuda_type_names", True)
+    _install_cpu_mode(swap)
 
 
-def patch_moe_router_gemm_name() -> None:
+def patch_moe_router_gemm_name(swap: Swaps = PERMANENT) -> None:
     """Define ``moe_utils.te_general_gemm`` (as None) when Transformer Engine is absent.
 
     Why: megatron-core 0.16 imports ``te_general_gemm`` inside ``try: ... except ImportError:
@@ -171,14 +155,14 @@ def patch_moe_router_gemm_name() -> None:
     from megatron.core.transformer.moe import moe_utils
 
     if not moe_utils.HAVE_TE and not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+        swap.set(moe_utils, "te_general_gemm", None)
 
 
 class _NoCudaStream:
     """Stands in for the alltoall dispatcher's class-level CUDA side stream on CPU (never used)."""
 
 
-def patch_alltoall_dispatcher_without_cuda_streams() -> None:
+def patch_alltoall_dispatcher_without_cuda_streams(swap: Swaps = PERMANENT) -> None:
     """The alltoall token dispatcher's device-to-host step without CUDA streams.
 
     Why: ``MoEAlltoAllTokenDispatcher.__init__`` creates a class-wide ``torch.cuda.Stream()`` and
@@ -194,7 +178,7 @@ def patch_alltoall_dispatcher_without_cuda_streams() -> None:
 
     dispatcher = token_dispatcher.MoEAlltoAllTokenDispatcher
     if dispatcher.cuda_dtoh_stream is None:
-        dispatcher.cuda_dtoh_stream = _NoCudaStream()  # __init__ builds a torch.cuda.Stream() only when None
+        swap.set(dispatcher, "cuda_dtoh_stream", _NoCudaStream())  # __init__ builds a torch.cuda.Stream() only when None
 
     def as_numpy(value):
         return value.numpy() if torch.is_tensor(value) else value
@@ -206,10 +190,10 @@ def patch_alltoall_dispatcher_without_cuda_streams() -> None:
             self.output_splits_tp = as_numpy(self.output_splits_tp)
         return tokens_per_expert
 
-    dispatcher._maybe_dtoh_and_synchronize = _maybe_dtoh_and_synchronize
+    swap.set(dispatcher, "_maybe_dtoh_and_synchronize", _maybe_dtoh_and_synchronize)
 
 
-def patch_cpu_expert_init_across_ep_ranks() -> None:
+def patch_cpu_expert_init_across_ep_ranks(swap: Swaps = PERMANENT) -> None:
     """With CPU initialisation, each expert-parallel rank draws the experts a one-rank run draws.
 
     Why: with ``use_cpu_initialization`` (always on CPU) megatron-core builds every weight as the
@@ -244,10 +228,10 @@ def patch_cpu_expert_init_across_ep_ranks() -> None:
         draw_and_drop((ep_size - ep_rank - 1) * num_local_experts)
 
     __init__._primus_one_rank_init = True
-    experts.SequentialMLP.__init__ = __init__
+    swap.set(experts.SequentialMLP, "__init__", __init__)
 
 
-def patch_torch_fsdp2_cpu_mesh() -> None:
+def patch_torch_fsdp2_cpu_mesh(swap: Swaps = PERMANENT) -> None:
     """megatron-core's FSDP2 wrapper builds its device mesh for the CPU when there is no CUDA.
 
     Why: ``TorchFullyShardedDataParallel.__init__`` calls ``DeviceMesh.from_group(group, "cuda")``,
@@ -268,15 +252,10 @@ def patch_torch_fsdp2_cpu_mesh() -> None:
         def from_group(group, device_type, *args, **kwargs):
             return mesh_class.from_group(group, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
-    fsdp2.DeviceMesh = CpuDeviceMesh
+    swap.set(fsdp2, "DeviceMesh", CpuDeviceMesh)
 
 
-CPU_PATCHES = (patch_current_device, patch_rng_tracker, patch_recompute_rng, patch_cuda_device_arguments,
-               patch_param_type_checks, patch_moe_router_gemm_name, patch_alltoall_dispatcher_without_cuda_streams,
-               patch_cpu_expert_init_across_ep_ranks, patch_torch_fsdp2_cpu_mesh)
-
-
-def patch_identity_reduce_for_single_rank_groups() -> None:
+def patch_identity_reduce_for_single_rank_groups(swap: Swaps = PERMANENT) -> None:
     """A tensor-parallel all-reduce over a one-rank group returns its input outside autograd.Function.
 
     Why (megatron-core 0.16, any device): ``_ReduceFromModelParallelRegion`` returns its input
@@ -299,11 +278,11 @@ def patch_identity_reduce_for_single_rank_groups() -> None:
         return original(input_, group)
 
     reduce_from_tensor_model_parallel_region._primus_identity = True
-    mappings.reduce_from_tensor_model_parallel_region = reduce_from_tensor_model_parallel_region
-    layers.reduce_from_tensor_model_parallel_region = reduce_from_tensor_model_parallel_region
+    swap.set(mappings, "reduce_from_tensor_model_parallel_region", reduce_from_tensor_model_parallel_region)
+    swap.set(layers, "reduce_from_tensor_model_parallel_region", reduce_from_tensor_model_parallel_region)
 
 
-def patch_local_attention_mla_head_dims() -> None:
+def patch_local_attention_mla_head_dims(swap: Swaps = PERMANENT) -> None:
     """megatron-core's local ``DotProductAttention`` takes MLA's ``k_channels``/``v_channels``.
 
     Why (megatron-core 0.16, any device without Transformer Engine): ``MLASelfAttention`` builds
@@ -335,10 +314,10 @@ def patch_local_attention_mla_head_dims() -> None:
                 self.softmax_scale /= self.layer_number
 
     __init__._primus_mla = True
-    dpa.DotProductAttention.__init__ = __init__
+    swap.set(dpa.DotProductAttention, "__init__", __init__)
 
 
-def patch_torch_norm_sequence_parallel() -> None:
+def patch_torch_norm_sequence_parallel(swap: Swaps = PERMANENT) -> None:
     """megatron-core's torch norm (the local spec's norm without Apex/TE) under sequence parallelism.
 
     Why (megatron-core 0.16, any device without Transformer Engine or Apex): ``WrappedTorchNorm``
@@ -369,10 +348,10 @@ def patch_torch_norm_sequence_parallel() -> None:
         return norm
 
     __new__._primus_sp = True
-    torch_norm.WrappedTorchNorm.__new__ = __new__
+    swap.set(torch_norm.WrappedTorchNorm, "__new__", __new__)
 
 
-def patch_mla_without_transformer_engine() -> None:
+def patch_mla_without_transformer_engine(swap: Swaps = PERMANENT) -> None:
     """MLA's "is Transformer Engine here?" flag tells the truth when it is not installed.
 
     Why (megatron-core 0.16, any device without Transformer Engine): ``multi_latent_attention``
@@ -386,11 +365,12 @@ def patch_mla_without_transformer_engine() -> None:
     from megatron.core.transformer import multi_latent_attention as mla
 
     if not te_ext.HAVE_TE and mla.HAVE_TE:
-        mla.HAVE_TE = False
-        mla.TEColumnParallelLinear = mla.TELinear = mla.Linear = mla.set_save_original_input = None
+        swap.set(mla, "HAVE_TE", False)
+        for name in ("TEColumnParallelLinear", "TELinear", "Linear", "set_save_original_input"):
+            swap.set(mla, name, None)
 
 
-def patch_distrib_optimizer_legacy_load_with_torch_adam() -> None:
+def patch_distrib_optimizer_legacy_load_with_torch_adam(swap: Swaps = PERMANENT) -> None:
     """The distributed optimizer's legacy ``distrib_optim.pt`` loads into torch's Adam.
 
     Why (megatron-core 0.16 without Transformer Engine / Apex, any device; still so in Megatron-LM
@@ -417,46 +397,4 @@ def patch_distrib_optimizer_legacy_load_with_torch_adam() -> None:
                 target.copy_(tensors[key])
 
     _set_main_param_and_optimizer_states._primus_torch_adam = True
-    DistributedOptimizer._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
-
-
-# Upstream bugs that are not about CPU: applied on every device (same version gate).
-UPSTREAM_FIXES = (patch_identity_reduce_for_single_rank_groups, patch_local_attention_mla_head_dims,
-                  patch_mla_without_transformer_engine, patch_torch_norm_sequence_parallel,
-                  patch_distrib_optimizer_legacy_load_with_torch_adam, *FSDP2_FIXES)
-
-
-def apply_upstream_fixes() -> list[str]:
-    """Apply the device-independent fixes once (verified megatron-core range only)."""
-    version = megatron_core_version()
-    if version not in SUPPORTED_MEGATRON_CORE:
-        logger.warning("megatron-core %s is outside the patch range %s: upstream fixes not applied",
-                       version, SUPPORTED_MEGATRON_CORE)
-        return []
-    for patch in UPSTREAM_FIXES:
-        if patch.__name__ not in _applied:
-            patch()
-            _applied.append(patch.__name__)
-    return [p.__name__ for p in UPSTREAM_FIXES]
-
-
-def apply_cpu_patches(force: bool = False) -> list[str]:
-    """Apply every CPU patch once when CUDA is unavailable; return the names applied.
-
-    ``force`` applies them even if CUDA is present (tests only). Outside the verified
-    megatron-core range nothing is applied and a warning says why.
-    """
-    import torch
-
-    if torch.cuda.is_available() and not force:
-        return []
-    version = megatron_core_version()
-    if version not in SUPPORTED_MEGATRON_CORE:
-        logger.warning("megatron-core %s is outside the CPU-patch range %s: no CPU patches applied",
-                       version, SUPPORTED_MEGATRON_CORE)
-        return []
-    for patch in CPU_PATCHES:
-        if patch.__name__ not in _applied:
-            patch()
-            _applied.append(patch.__name__)
-    return list(_applied)
+    swap.set(DistributedOptimizer, "_set_main_param_and_optimizer_states", _set_main_param_and_optimizer_states)

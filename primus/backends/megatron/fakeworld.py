@@ -20,16 +20,21 @@ ENGINE_ERRORS = (AssertionError, ValueError, RuntimeError, TypeError, ZeroDivisi
 def rank_tensors(args: Any, rank: int, world: int) -> list[list[Tensor]]:
     """The parameters of ``rank``'s model chunks (megatron-core's local layer spec: the parameters of
     Transformer Engine's are the same, its norms fused into the linear layers)."""
+    from primus.backends.megatron.patches import PATCHES
+    from primus.runtime.patches import Patcher, Where
+
+    with Patcher(PATCHES, Where.here(())):  # the run's patches, undone: a plan leaves none applied
+        return _rank_tensors(args, rank, world)
+
+
+def _rank_tensors(args: Any, rank: int, world: int) -> list[list[Tensor]]:
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from primus.backends.megatron.cpu_patches import apply_cpu_patches, apply_upstream_fixes
     from primus.backends.megatron.model import Derived, build_model, padded_vocab_size, parallel_sizes, transformer_config
 
-    apply_cpu_patches()  # as the trainer: megatron-core on a host without CUDA, and its upstream fixes
-    apply_upstream_fixes()
     if dist.is_initialized():
         raise ConfigError("a fake-world build needs a process without a process group")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)

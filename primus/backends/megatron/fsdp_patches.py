@@ -1,13 +1,15 @@
 """megatron-core 0.16 bugs that stop PyTorch FSDP2 (``use_torch_fsdp2``), on any device.
 
-Each is a named function with the upstream reason; ``cpu_patches.UPSTREAM_FIXES`` lists them and
-``apply_upstream_fixes()`` applies them under the same megatron-core version gate as every other
-patch. Where Megatron-LM has fixed one since, the docstring names its pull request.
+Each is a named function with the upstream reason; ``patches.py`` lists them under the same
+megatron-core version gate as every other patch. Where Megatron-LM has fixed one since, the
+docstring names its pull request.
 """
 from __future__ import annotations
 
+from primus.runtime.patches import PERMANENT, Swaps
 
-def patch_fsdp2_finish_grad_sync_signature() -> None:
+
+def patch_fsdp2_finish_grad_sync_signature(swap: Swaps = PERMANENT) -> None:
     """megatron-core's FSDP2 wrapper accepts ``finish_grad_sync(force_all_reduce=...)``.
 
     Why (megatron-core 0.16, any device): ``finalize_model_grads`` calls
@@ -25,10 +27,10 @@ def patch_fsdp2_finish_grad_sync_signature() -> None:
     def finish_grad_sync(self, force_all_reduce=False):
         super(TorchFullyShardedDataParallel, self).finish_grad_sync()
 
-    TorchFullyShardedDataParallel.finish_grad_sync = finish_grad_sync
+    swap.set(TorchFullyShardedDataParallel, "finish_grad_sync", finish_grad_sync)
 
 
-def patch_fsdp2_optimizer_param_identity() -> None:
+def patch_fsdp2_optimizer_param_identity(swap: Swaps = PERMANENT) -> None:
     """The optimizer's checkpoint finds FSDP2 parameters by the identity of their local shard again.
 
     Why (megatron-core 0.16 with torch >= 2.13, any device): the optimizer's ``sharded_state_dict``
@@ -50,7 +52,7 @@ def patch_fsdp2_optimizer_param_identity() -> None:
         return local if local is not None else original(tensor)
 
     to_local_if_dtensor._primus_identity = True
-    optim_ckpt.to_local_if_dtensor = to_local_if_dtensor
+    swap.set(optim_ckpt, "to_local_if_dtensor", to_local_if_dtensor)
 
 
 def fsdp2_swiglu_slot(global_rows: int, local_rows: int, tp_size: int, tp_rank: int, dp_size: int, dp_rank: int,
@@ -69,7 +71,7 @@ def fsdp2_swiglu_slot(global_rows: int, local_rows: int, tp_size: int, tp_rank: 
     return half * tp_size * per_half + tp_rank * per_half + index
 
 
-def patch_fsdp2_swiglu_checkpoint_layout() -> None:
+def patch_fsdp2_swiglu_checkpoint_layout(swap: Swaps = PERMANENT) -> None:
     """An FSDP2 model's fused SwiGLU ``linear_fc1`` is saved where its rows belong (upstream #5714).
 
     Why (megatron-core 0.16, any device): ``linear_fc1`` holds [W; V] (the two SwiGLU halves) and
@@ -131,9 +133,6 @@ def patch_fsdp2_swiglu_checkpoint_layout() -> None:
             fsdp2_groups.reset(token)
 
     apply_swiglu_sharded_factory._primus_fsdp2 = True
-    mlp.apply_swiglu_sharded_factory = apply_swiglu_sharded_factory
-    mlp.MLP.sharded_state_dict = sharded_state_dict
+    swap.set(mlp, "apply_swiglu_sharded_factory", apply_swiglu_sharded_factory)
+    swap.set(mlp.MLP, "sharded_state_dict", sharded_state_dict)
 
-
-FSDP2_FIXES = (patch_fsdp2_finish_grad_sync_signature, patch_fsdp2_optimizer_param_identity,
-               patch_fsdp2_swiglu_checkpoint_layout)

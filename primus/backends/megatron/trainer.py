@@ -146,10 +146,7 @@ class MegatronTrainer:
         args, ctx = self.args, self.ctx
         on_gpu = ctx.device.startswith("cuda")
         self.target = host_target() if on_gpu else Target("cpu")
-        self._say_notes()
-        from primus.backends.megatron.cpu_patches import apply_upstream_fixes
-
-        apply_upstream_fixes()
+        self._say_notes()  # the recipe's run applied the compatibility patches (``patches.py``)
         # Megatron-LM's default: a NaN/Inf loss stops the run (RunContext.report_step); off on request.
         ctx.stop_on_non_finite_loss = args.check_for_nan_in_loss_and_grad
         self.owns_process_group = _init_process_group(ctx)

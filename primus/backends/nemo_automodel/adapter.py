@@ -15,6 +15,7 @@ class AutoModelAdapter(BackendAdapter):
     distribution: ClassVar[str] = "nemo-automodel"
     import_probe: ClassVar[str | None] = "nemo_automodel.recipes.diffusion.train"
     extra: ClassVar[str] = "automodel"
+    patches = "primus.backends.nemo_automodel.patches"
     recipes: ClassVar[Mapping[str, str]] = {
         "pretrain": "primus.backends.nemo_automodel.recipes.pretrain:WanPretrain",
         "finetune": "primus.backends.nemo_automodel.recipes.finetune:WanFinetune",

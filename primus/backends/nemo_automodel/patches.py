@@ -1,20 +1,27 @@
-"""Engine-compatibility fixes for NeMo AutoModel 0.7.0: each one named, scoped, and tested.
+"""Engine-compatibility fixes for NeMo AutoModel 0.7.0: ``PATCHES``, each named, scoped, and tested.
 
 AutoModel runs unmodified on CPU (measured: gloo, FSDP2, 2 ranks); what is fixed here is its
 logging (keeping Primus's handlers and rank output intact around ``setup()``, one ``[TRAIN]``
-line per step) and the one place Primus must see inside its loop that offers no hook (the
-micro-batch losses). All are scoped to one recipe or one ``with`` block; nothing is patched
-globally, and ``check_version`` says when the installed AutoModel is not the one they were
-written against.
+line per step), its CUDA-only calls in the LLM recipe and its checkpoints on gloo. Each fix is a
+context manager; its record wraps the recipe's ``setup()`` or training loop in it (or holds it for
+the run), and the run's ``Patcher`` (``recipes/``) undoes them all when it ends.
+``check_version`` says when the installed AutoModel is not the one they were written against.
+``tap_flow_matching_step`` is the hook Primus needs inside a loop that offers none (``hooks.py``).
 """
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+
+from packaging.specifiers import SpecifierSet
+
+from primus.runtime.patches import ALWAYS, NO_GPU, PERMANENT, Patch, Swaps, uses
 
 APPLIES_TO = ("0.7.0",)
+ENGINE = "nemo_automodel"
 
 
 def check_version(version: str, warn: Callable[[str], None]) -> None:
@@ -192,3 +199,71 @@ def llm_recipe_on_cpu(setup: bool) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(torch.cuda, name, value)
+
+
+# -- the records: each context manager around the recipe phase it fixes ----------------------------------
+RECIPES = {"diffusion": ("nemo_automodel.recipes.diffusion.train", "TrainDiffusionRecipe"),
+           "llm": ("nemo_automodel.recipes.llm.train_ft", "TrainFinetuneRecipeForNextTokenPrediction")}
+SETUP, LOOP = "setup", "run_train_validation_loop"
+
+
+def _recipe_class(kind: str) -> type:
+    import importlib
+
+    module, name = RECIPES[kind]
+    return getattr(importlib.import_module(module), name)
+
+
+def _wrap(swap: Swaps, recipe: type, method: str, context: Callable[[], AbstractContextManager]) -> None:
+    """``recipe.method`` runs inside ``context()``: what a ``with`` around the call in the run did."""
+    original = getattr(recipe, method)
+
+    def wrapped(self, *args: Any, **kwargs: Any) -> Any:
+        with context():
+            return original(self, *args, **kwargs)
+
+    swap.set(recipe, method, wrapped)
+
+
+def keep_logging_in_recipes(swap: Swaps = PERMANENT) -> None:
+    """``keep_primus_logging`` around setup and the loop of every AutoModel recipe this process imported
+    (a run imports its own before its patches apply)."""
+    for module, name in RECIPES.values():
+        if module in sys.modules:
+            recipe = getattr(sys.modules[module], name)
+            _wrap(swap, recipe, SETUP, keep_primus_logging)
+            _wrap(swap, recipe, LOOP, keep_primus_logging)
+
+
+def one_train_line_in_diffusion(swap: Swaps = PERMANENT) -> None:
+    _wrap(swap, _recipe_class("diffusion"), LOOP, one_train_line)
+
+
+def llm_recipe_on_cpu_phases(swap: Swaps = PERMANENT) -> None:
+    recipe = _recipe_class("llm")
+    _wrap(swap, recipe, SETUP, lambda: llm_recipe_on_cpu(setup=True))
+    _wrap(swap, recipe, LOOP, lambda: llm_recipe_on_cpu(setup=False))
+
+
+def transient_checkpoint_groups(swap: Swaps = PERMANENT) -> None:
+    swap.enter(checkpoint_on_transient_group())
+
+
+AUTOMODEL = SpecifierSet(">=0.7.0")  # written against 0.7.0; check_version warns on any other
+
+PATCHES = [
+    Patch("llm_recipe_on_cpu", "the LLM recipe calls CUDA-only device and memory functions", "nemo-automodel",
+          AUTOMODEL, uses("llm", "the run is an LLM recipe (sft, lora)") & NO_GPU, llm_recipe_on_cpu_phases),
+    Patch("checkpoint_on_transient_group", "DCP on gloo's default group leaves OpenMP pools that slow every "
+          "later step", "nemo-automodel", AUTOMODEL, NO_GPU, transient_checkpoint_groups),
+    Patch("one_train_line", "AutoModel logs its own 0-based [TRAIN] line next to Primus's", "nemo-automodel",
+          AUTOMODEL, uses("diffusion", "the run is a diffusion recipe (pretrain, finetune)"),
+          one_train_line_in_diffusion),
+    Patch("keep_primus_logging", "setup_logging replaces Primus's formats and silences ranks > 0 for good",
+          "nemo-automodel", AUTOMODEL, ALWAYS, keep_logging_in_recipes),
+]
+
+
+def params_uses(params: dict[str, Any], stage: str) -> frozenset[str]:
+    """The recipe kind a stage runs: the LLM recipe (sft, lora) or the diffusion one."""
+    return frozenset({"llm" if stage in ("sft", "lora") else "diffusion"})

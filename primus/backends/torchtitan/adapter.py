@@ -14,6 +14,7 @@ class TorchTitanAdapter(BackendAdapter):
     distribution = "torchtitan"
     import_probe = "torchtitan.trainer"
     extra = "torchtitan"
+    patches = "primus.backends.torchtitan.patches"
     recipes = {
         "pretrain": "primus.backends.torchtitan.recipes.pretrain:TorchTitanPretrain",
         "sft": "primus.backends.torchtitan.recipes.sft:TorchTitanSFT",

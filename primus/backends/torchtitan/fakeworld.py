@@ -59,14 +59,19 @@ def _fsdp_params(parts: list) -> list:
 
 def rank_state(cfg: Any, layout: ParallelLayout, rank: int, world: int) -> RankState:
     """Weights, gradients and Adam state of ``rank`` from TorchTitan's FSDP2 parameters on the meta device."""
+    from primus.backends.torchtitan.patches import PATCHES, run_uses
+    from primus.runtime.patches import Patcher, Where
+
+    with Patcher(PATCHES, Where.here(run_uses(cfg.model_spec.model))):  # the run's, undone: a plan leaves none
+        return _rank_state(cfg, layout, rank, world)
+
+
+def _rank_state(cfg: Any, layout: ParallelLayout, rank: int, world: int) -> RankState:
     import math
 
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from primus.backends.torchtitan.patches import apply_patches
-
-    apply_patches()
     if dist.is_initialized():
         raise ConfigError("a fake-world build needs a process without a process group")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)

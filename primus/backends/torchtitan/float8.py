@@ -23,6 +23,8 @@ emulation on any device (eager mode, for tests).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -87,8 +89,6 @@ def refusal(settings: Float8Settings, target: Target) -> str | None:
     if settings.emulate or (target.gpu and has_fp8_gemm(target)):
         return None
     if not target.gpu:
-        from primus.backends.torchtitan.patches import cpu_scaled_mm_float8
-
         return None if cpu_scaled_mm_float8() else "this torch's CPU torch._scaled_mm has no float8 kernels"
     return (f"torchao's float8 GEMMs need FP8 units (NVIDIA SM 8.9+: L40S, H100, H200, B200; AMD gfx942+: MI300X, "
             f"MI325X, MI355X); {target.describe()} has none (model.converters.float8.emulate: true emulates it, "
@@ -111,7 +111,6 @@ def admission_refusal(params: dict[str, Any], target: Target) -> tuple[str, str]
 def convert(model_config: Any, settings: Float8Settings, *, compile_enabled: bool) -> Any:
     """The model config tree with TorchTitan's float8 converter applied, as ``model_registry`` does
     (at plan time: no patch stays applied)."""
-    from primus.backends.torchtitan.patches import float8_converter_admitted
     from torchtitan.components.quantization.float8 import Float8LinearConverter
 
     config = Float8LinearConverter.Config(model_compile_enabled=compile_enabled, **settings.model_dump())
@@ -127,3 +126,49 @@ def converted_linears(model_config: Any) -> int:
     if Float8Linear is None:  # torchao not installed
         return 0
     return sum(isinstance(config, Float8Linear.Config) for _, config, _, _ in model_config.traverse(Linear.Config))
+
+
+# -- float8 on a CPU host: torch's CPU _scaled_mm has float8 kernels (the patch is ``patches.float8_on_cpu``)
+@contextmanager
+def capability_gate_open(float8: Any):
+    """The converter's capability check answers yes (this host's CPU: float8 ``_scaled_mm``), then as before."""
+    gate = float8.has_cuda_capability
+    float8.has_cuda_capability = lambda major, minor: True
+    try:
+        yield
+    finally:
+        float8.has_cuda_capability = gate
+
+
+@contextmanager
+def float8_converter_admitted() -> Iterator[None]:
+    """``float8_on_cpu`` for one conversion only, undone afterwards: a plan converts the model config
+    and leaves TorchTitan as it was (a run applies the patch itself, ``patches.float8_on_cpu``)."""
+    import torch
+    import torchtitan.components.quantization.float8 as float8
+
+    if torch.cuda.is_available() or not cpu_float8_gemm():
+        yield
+        return
+    with capability_gate_open(float8):
+        yield
+
+
+def cpu_scaled_mm_float8() -> bool:
+    """torch's CPU ``_scaled_mm`` multiplies float8 matrices (torch 2.13 does, tensorwise and rowwise)."""
+    import torch
+
+    try:
+        a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+        one = torch.ones(())
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        return True
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+def cpu_float8_gemm() -> bool:
+    """torchao is installed and this torch's CPU ``_scaled_mm`` has float8 kernels."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None and cpu_scaled_mm_float8()

@@ -124,9 +124,6 @@ def titan_spec(flavor: str, config):
     """TorchTitan's transformers-backend ``ModelSpec`` (flavor ``full``: shapes from config.json), named llama4."""
     import dataclasses
 
-    from primus.backends.torchtitan.patches import apply_hf_backend_patches
-
-    apply_hf_backend_patches()
     from torchtitan.experiments.transformers_modeling_backend import model_registry
 
     spec = model_registry("full")

@@ -31,10 +31,16 @@ def static_bytes(trainer, grads: list) -> dict[str, int]:
 def measure_rank(plan, ctx) -> dict[str, Any]:
     """Build TorchTitan's trainer from ``plan`` as ``TorchTitanAdapter.run`` does, run one step with its
     forward and backward passes watched, count. Returns {weights, grads, optimizer, activations, loss, ...}."""
-    from primus.backends.torchtitan.hooks import with_primus_components
-    from primus.backends.torchtitan.patches import apply_patches
+    from primus.backends.torchtitan.patches import PATCHES, run_uses
+    from primus.runtime.patches import Patcher, Where
 
-    apply_patches()
+    with Patcher(PATCHES, Where.here(run_uses(plan.engine_config.model_spec.model))):  # as the run's
+        return _measure(plan, ctx)
+
+
+def _measure(plan, ctx) -> dict[str, Any]:
+    from primus.backends.torchtitan.hooks import with_primus_components
+
     trainer = with_primus_components(plan.engine_config).build()
     trainer.attach(ctx, plan.flops_per_token)
     try:

@@ -1,45 +1,25 @@
-"""Engine-compatibility patches for TorchTitan, each named, version-gated and conditional.
+"""Engine-compatibility patches for TorchTitan: ``PATCHES``, each named, version-gated and conditional.
 
-Every patch says why it exists, which versions it applies to, and when (``needed``). None
-applies on a CUDA/ROCm host with a current torch. ``apply_patches`` must run before any
-other ``torchtitan`` import, because TorchTitan resolves its device at import time.
+Each patch function says why it exists; its record says when it is needed. A run applies them
+through one ``Patcher`` (``recipes/common.py``) and undoes them when it ends; every replacement
+goes through ``Swaps`` so that the undo is exact. A run's TorchTitan was imported by its plan
+already, so ``cpu_device_type`` reaches into the modules that hold the device names.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import sys
 import types
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import Any
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
+from primus.runtime.patches import ALWAYS, NO_GPU, PERMANENT, Condition, Patch, Swaps, Where, apply_for_process, \
+    software, uses
 
-@dataclass(frozen=True)
-class Patch:
-    name: str
-    why: str
-    package: str  # whose version gates the patch
-    versions: SpecifierSet
-    needed: Callable[[], bool]
-    apply: Callable[[], None]
-
-    def applies(self) -> bool:
-        try:
-            version = Version(importlib.metadata.version(self.package))
-        except importlib.metadata.PackageNotFoundError:
-            return False
-        return self.versions.contains(version, prereleases=True) and self.needed()
-
-
-def _no_cuda() -> bool:
-    import torch
-
-    return not torch.cuda.is_available()
+ENGINE = "torchtitan"
 
 
 def _cpu_device_module() -> types.ModuleType:
@@ -59,7 +39,7 @@ def _cpu_device_module() -> types.ModuleType:
     return module
 
 
-def cpu_device_type() -> None:
+def cpu_device_type(swap: Swaps = PERMANENT) -> None:
     """torchtitan.tools.utils computes ``device_type = ... or "cuda"`` at import, so a
     CPU-only host gets "cuda" and ``torch.cuda.set_device`` fails. Point it at the CPU
     (the distributed backend then follows: cpu -> gloo), in every TorchTitan module that
@@ -75,9 +55,9 @@ def cpu_device_type() -> None:
             continue
         names = vars(module)
         if names.get("device_type") == old_type:
-            module.device_type = "cpu"
+            swap.set(module, "device_type", "cpu")
         if names.get("device_module") is old_module:
-            module.device_module = cpu
+            swap.set(module, "device_module", cpu)
 
 
 class _Permissive:
@@ -107,7 +87,7 @@ def _stub_module(name: str) -> types.ModuleType:
     return module
 
 
-def triton_import_stub() -> None:
+def triton_import_stub(swap: Swaps = PERMANENT) -> None:
     """torchtitan 0.3.0 imports triton unconditionally (distributed/minimal_async_ep/kernels.py)
     even for dense models; triton has no CPU wheel worth installing (~900 MB). Its kernels never
     launch on CPU, so an import-time stand-in is enough. torch's own optional ``import triton``
@@ -124,16 +104,16 @@ def triton_import_stub() -> None:
         del sys.modules["triton"], sys.modules["triton.language"]
 
 
-def set_timeout_alias() -> None:
+def set_timeout_alias(swap: Swaps = PERMANENT) -> None:
     """torchtitan 0.3.0 calls ``torch.distributed.set_timeout``, public only from torch 2.14;
     torch 2.13 has the same function as ``distributed_c10d._set_pg_timeout``."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
-    dist.set_timeout = _set_pg_timeout
+    swap.set(dist, "set_timeout", _set_pg_timeout)
 
 
-def gloo_sum_reduction() -> None:
+def gloo_sum_reduction(swap: Swaps = PERMANENT) -> None:
     """TorchTitan sets FSDP's gradient divide factor to 1.0 (it normalises by the global token
     count itself), so FSDP2 reduce-scatters with ``ReduceOp.PREMUL_SUM(1.0)``, which gloo
     rejects. Forcing plain SUM is numerically identical for a factor of 1."""
@@ -151,10 +131,10 @@ def gloo_sum_reduction() -> None:
                 module.set_force_sum_reduction_for_comms(True)
 
     disable_division_with_sum._primus_patched = True
-    fsdp.disable_fsdp_gradient_division = disable_division_with_sum
+    swap.set(fsdp, "disable_fsdp_gradient_division", disable_division_with_sum)
 
 
-def sharded_init_on_cpu() -> None:
+def sharded_init_on_cpu(swap: Swaps = PERMANENT) -> None:
     """On a CPU device mesh DTensor has no RNG tracker (torch ``distributed/tensor/_random.py``:
     ``is_rng_supported_mesh`` is False because ``torch.cpu`` has no ``set_rng_state``; the only
     sign is a warning). TorchTitan's ``Module._init_param`` then runs each initialiser on every
@@ -183,13 +163,13 @@ def sharded_init_on_cpu() -> None:
             param.to_local().copy_(local)
 
     init_full_then_slice._primus_patched = True
-    Module._init_param = init_full_then_slice
+    swap.set(Module, "_init_param", init_full_then_slice)
 
 
 PRESPLIT_KEYWORDS = ("arg_mbs", "kwarg_mbs", "target_mbs")
 
 
-def pipeline_presplit_microbatches() -> None:
+def pipeline_presplit_microbatches(swap: Swaps = PERMANENT) -> None:
     """TorchTitan 0.3.0 hands its pipeline schedule microbatches it has already split
     (``schedule.step(arg_mbs=..., kwarg_mbs=..., target_mbs=...)``), an API of newer torch;
     torch 2.13's ``step(*args, **kwargs)`` takes those lists for model inputs and fails
@@ -220,7 +200,7 @@ def pipeline_presplit_microbatches() -> None:
             return self._merge_outputs(last[0].output_chunks) if last and return_outputs else None
 
         step._primus_patched = True
-        schedule_class.step = step
+        swap.set(schedule_class, "step", step)
 
 
 def _torch_step_lacks_presplit() -> bool:
@@ -231,7 +211,7 @@ def _torch_step_lacks_presplit() -> bool:
     return "arg_mbs" not in inspect.signature(PipelineScheduleSingle.step).parameters
 
 
-def peak_flops_from_primus_table() -> None:
+def peak_flops_from_primus_table(swap: Swaps = PERMANENT) -> None:
     """torchtitan 0.3.0's ``get_peak_flops`` (called by its Trainer and MetricsProcessor) runs
     ``lspci`` (absent on most containers: "Error running lspci") and, for any name it does not
     know (CPU, MI250, ...), warns "Peak flops undefined ..., fallback to A100" and uses A100's
@@ -246,10 +226,10 @@ def peak_flops_from_primus_table() -> None:
         peak = peak_tflops(device_name)
         return peak * 1e12 if peak else float("inf")
 
-    utils.get_peak_flops = primus_peak_flops
+    swap.set(utils, "get_peak_flops", primus_peak_flops)
 
 
-def checkpoint_on_transient_group() -> None:
+def checkpoint_on_transient_group(swap: Swaps = PERMANENT) -> None:
     """TorchTitan's synchronous checkpoint save/load calls ``dcp.save``/``dcp.load`` on the default
     process group. On a CPU host (gloo) with more than one intra-op thread, the plan gathers leave
     an OpenMP thread pool in each gloo worker thread that copies them, and libgomp then throttles
@@ -259,9 +239,10 @@ def checkpoint_on_transient_group() -> None:
     Async modes keep the group TorchTitan gives them."""
     import torchtitan.components.checkpointer.dcp as checkpointer
 
-    from primus.backends.dcp_group import route_dcp_through_transient_groups
+    from primus.backends.dcp_group import DCPOnTransientGroup
 
-    route_dcp_through_transient_groups(checkpointer)
+    if not isinstance(checkpointer.dcp, DCPOnTransientGroup):
+        swap.set(checkpointer, "dcp", DCPOnTransientGroup(checkpointer.dcp))
 
 
 def _triton_missing() -> bool:
@@ -274,30 +255,11 @@ def _torch_lacks_set_timeout() -> bool:
     return not hasattr(dist, "set_timeout")
 
 
-def _dtensor_lacks_cpu_rng() -> bool:
+def _torch_cpu_lacks_rng_state() -> bool:
     import torch
 
-    return _no_cuda() and not hasattr(torch.cpu, "set_rng_state")
+    return not hasattr(torch.cpu, "set_rng_state")
 
-
-PATCHES = [
-    Patch("cpu_device_type", cpu_device_type.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"), _no_cuda,
-          cpu_device_type),
-    Patch("triton_import_stub", triton_import_stub.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
-          _triton_missing, triton_import_stub),
-    Patch("set_timeout_alias", set_timeout_alias.__doc__, "torch", SpecifierSet("<2.14"),
-          _torch_lacks_set_timeout, set_timeout_alias),
-    Patch("gloo_sum_reduction", gloo_sum_reduction.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"), _no_cuda,
-          gloo_sum_reduction),
-    Patch("sharded_init_on_cpu", sharded_init_on_cpu.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
-          _dtensor_lacks_cpu_rng, sharded_init_on_cpu),
-    Patch("pipeline_presplit_microbatches", pipeline_presplit_microbatches.__doc__, "torchtitan",
-          SpecifierSet(">=0.3,<0.4"), _torch_step_lacks_presplit, pipeline_presplit_microbatches),
-    Patch("peak_flops_from_primus_table", peak_flops_from_primus_table.__doc__, "torchtitan",
-          SpecifierSet(">=0.3,<0.4"), lambda: True, peak_flops_from_primus_table),
-    Patch("checkpoint_on_transient_group", checkpoint_on_transient_group.__doc__, "torchtitan",
-          SpecifierSet(">=0.3,<0.4"), _no_cuda, checkpoint_on_transient_group),
-]
 
 # --- TorchTitan's transformers modeling backend (Llama 4) -------------------------------------------------
 # Applied only when a model is built on that backend (``apply_hf_backend_patches``, from ``llama4.py`` and the
@@ -325,7 +287,7 @@ def _full_then_local(param, fill: Callable) -> None:
         local.copy_(full)
 
 
-def hf_backend_feed_forward_init() -> None:
+def hf_backend_feed_forward_init(swap: Swaps = PERMANENT) -> None:
     """The transformers backend's init (``HFTransformerModel._patch_hf_llama_like``) tags each decoder
     layer's ``mlp`` with its ``layer_idx`` and then requires it on every MLP module; Llama 4 names the block
     ``feed_forward`` (its shared expert is another ``Llama4TextMLP``), so ``init_states`` fails with "does
@@ -369,10 +331,10 @@ def hf_backend_feed_forward_init() -> None:
             _full_then_local(experts.down_proj, lambda full, depth=depth: nn.init.trunc_normal_(full, std=depth))
 
     init_states._primus_patched = True
-    model_cls.init_states = init_states
+    swap.set(model_cls, "init_states", init_states)
 
 
-def hf_backend_rope_buffers() -> None:
+def hf_backend_rope_buffers(swap: Swaps = PERMANENT) -> None:
     """The backend recomputes each rotary module's ``inv_freq`` after ``to_empty`` only where the module keeps
     a ``rope_init_fn``; ``Llama4TextRotaryEmbedding`` (transformers 5.18) picks it in ``__init__`` without
     keeping it, so ``inv_freq`` stays zero and every RoPE layer silently runs without positions. Recompute it
@@ -408,10 +370,10 @@ def hf_backend_rope_buffers() -> None:
 
     init_states._primus_patched = getattr(original, "_primus_patched", False)
     init_states._primus_rope_patched = True
-    model_cls.init_states = init_states
+    swap.set(model_cls, "init_states", init_states)
 
 
-def hf_backend_chunked_attention_masks() -> None:
+def hf_backend_chunked_attention_masks(swap: Swaps = PERMANENT) -> None:
     """The backend builds one causal flex ``BlockMask`` and hands it to the HF model as its attention mask;
     ``Llama4TextModel`` then uses that one mask for every layer, so its chunked-attention layers (the RoPE
     layers: a token sees only its own ``attention_chunk_size`` chunk) attend across chunks once
@@ -445,10 +407,10 @@ def hf_backend_chunked_attention_masks() -> None:
         return {"full_attention": masks, "chunked_attention": chunked}
 
     get_attention_masks._primus_patched = True
-    model_cls.get_attention_masks = get_attention_masks
+    swap.set(model_cls, "get_attention_masks", get_attention_masks)
 
 
-def hf_backend_sdpa_on_cpu() -> None:
+def hf_backend_sdpa_on_cpu(swap: Swaps = PERMANENT) -> None:
     """The backend routes every attention through FlexAttention (``flex_torchtitan``), which has no CPU
     backward in torch 2.13 ("FlexAttention does not support backward on CPU"). On CPU the same masks are
     applied by SDPA instead: the BlockMask's ``mask_mod`` materialised as a dense boolean mask."""
@@ -479,11 +441,11 @@ def hf_backend_sdpa_on_cpu() -> None:
         return out.transpose(1, 2).contiguous(), None
 
     sdpa_with_flex_masks._primus_patched = True
-    backend._flex_attention_torchtitan = sdpa_with_flex_masks
-    AttentionInterface._global_mapping[backend._ATTN_IMPLEMENTATION] = sdpa_with_flex_masks
+    swap.set(backend, "_flex_attention_torchtitan", sdpa_with_flex_masks)
+    swap.set_item(AttentionInterface._global_mapping, backend._ATTN_IMPLEMENTATION, sdpa_with_flex_masks)
 
 
-def hf_backend_feed_forward_sharding() -> None:
+def hf_backend_feed_forward_sharding(swap: Swaps = PERMANENT) -> None:
     """The backend's sharding pass (``hf_sharding._set_layer_sharding_configs``) reads each dense layer's
     ``layer.mlp``; Llama 4's decoder layer has ``feed_forward`` (a ``Llama4TextMLP`` or, in MoE layers,
     transformers' ``Llama4TextMoe``, which the backend does not swap), so ``parallelize`` fails with
@@ -518,35 +480,14 @@ def hf_backend_feed_forward_sharding() -> None:
                 module._sharding_config = sharding._replicate_config(module)
 
     set_layer_sharding_configs._primus_patched = True
-    sharding._set_layer_sharding_configs = set_layer_sharding_configs
-
-
-HF_BACKEND_PATCHES = [
-    Patch("hf_backend_feed_forward_sharding", hf_backend_feed_forward_sharding.__doc__, "torchtitan",
-          SpecifierSet(">=0.3,<0.4"), lambda: True, hf_backend_feed_forward_sharding),
-    Patch("hf_backend_feed_forward_init", hf_backend_feed_forward_init.__doc__, "torchtitan",
-          SpecifierSet(">=0.3,<0.4"), lambda: True, hf_backend_feed_forward_init),
-    Patch("hf_backend_rope_buffers", hf_backend_rope_buffers.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
-          lambda: True, hf_backend_rope_buffers),
-    Patch("hf_backend_chunked_attention_masks", hf_backend_chunked_attention_masks.__doc__, "torchtitan",
-          SpecifierSet(">=0.3,<0.4"), lambda: True, hf_backend_chunked_attention_masks),
-    Patch("hf_backend_sdpa_on_cpu", hf_backend_sdpa_on_cpu.__doc__, "torch", SpecifierSet("<2.14"), _no_cuda,
-          hf_backend_sdpa_on_cpu),
-]
-_hf_applied: list[str] = []
-
-
-def apply_hf_backend_patches() -> list[str]:
-    """The transformers-backend patches needed here, once per process (after ``apply_patches``)."""
-    apply_patches()
-    return _apply_once(HF_BACKEND_PATCHES, _hf_applied)
+    swap.set(sharding, "_set_layer_sharding_configs", set_layer_sharding_configs)
 
 
 # --- float8 training (``float8.py``): applied only when a model is converted (importing the converter
 # imports torchao, which other TorchTitan runs do not need).
 
 
-def float8_on_cpu() -> None:
+def float8_on_cpu(swap: Swaps = PERMANENT) -> None:
     """TorchTitan 0.3.0's ``Float8LinearConverter`` admits only NVIDIA SM 8.9+ or AMD gfx942+ GPUs
     (``has_cuda_capability(8, 9) or has_rocm_capability(9, 4)``) or ``emulate``, because torchao's
     float8 GEMM is ``torch._scaled_mm``; on a CPU host torch 2.13's ``_scaled_mm`` has float8 kernels
@@ -554,86 +495,95 @@ def float8_on_cpu() -> None:
     not the answer: with ``emulate`` the converter builds torchao's tensorwise config whatever the recipe."""
     import torchtitan.components.quantization.float8 as float8
 
+    from primus.backends.torchtitan.float8 import capability_gate_open
+
     original = float8.Float8LinearConverter.__init__
     if getattr(original, "_primus_patched", False):
         return
 
     def init_on_cpu(self, config) -> None:
-        with _capability_gate_open(float8):
+        with capability_gate_open(float8):
             original(self, config)
 
     init_on_cpu._primus_patched = True
-    float8.Float8LinearConverter.__init__ = init_on_cpu
+    swap.set(float8.Float8LinearConverter, "__init__", init_on_cpu)
 
 
-@contextmanager
-def _capability_gate_open(float8: types.ModuleType):
-    """The converter's capability check answers yes (this host's CPU: float8 ``_scaled_mm``), then as before."""
-    gate = float8.has_cuda_capability
-    float8.has_cuda_capability = lambda major, minor: True
-    try:
-        yield
-    finally:
-        float8.has_cuda_capability = gate
+def _cpu_float8_gemm() -> bool:
+    from primus.backends.torchtitan.float8 import cpu_float8_gemm
+
+    return cpu_float8_gemm()
 
 
-@contextmanager
-def float8_converter_admitted():
-    """``float8_on_cpu`` for one conversion only, undone afterwards: a plan converts the model config
-    and leaves TorchTitan as it was (the run applies the patch itself, ``apply_float8_patches``)."""
-    import torchtitan.components.quantization.float8 as float8
+TITAN = SpecifierSet(">=0.3,<0.4")
+TORCH_BEFORE_2_14 = SpecifierSet("<2.14")
+TRITON_MISSING = Condition("triton is not installed (a CPU torch; CUDA/ROCm torch brings it)",
+                           lambda where: not where.assumed and _triton_missing())
+LLAMA4 = uses("llama4", "the run builds Llama 4 on TorchTitan's transformers backend")
+FLOAT8 = uses("float8", "the run converts Linear layers to float8")
 
-    if not _cpu_has_float8_scaled_mm():
-        yield
-        return
-    with _capability_gate_open(float8):
-        yield
-
-
-def cpu_scaled_mm_float8() -> bool:
-    """torch's CPU ``_scaled_mm`` multiplies float8 matrices (torch 2.13 does, tensorwise and rowwise)."""
-    import torch
-
-    try:
-        a = torch.ones(16, 16).to(torch.float8_e4m3fn)
-        one = torch.ones(())
-        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-        return True
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return False
-
-
-def _cpu_has_float8_scaled_mm() -> bool:
-    return _no_cuda() and importlib.util.find_spec("torchao") is not None and cpu_scaled_mm_float8()
-
-
-FLOAT8_PATCHES = [
-    Patch("float8_on_cpu", float8_on_cpu.__doc__, "torchtitan", SpecifierSet(">=0.3,<0.4"),
-          _cpu_has_float8_scaled_mm, float8_on_cpu),
+PATCHES = [
+    Patch("cpu_device_type", "TorchTitan picks device 'cuda' at import even without CUDA",
+          ENGINE, TITAN, NO_GPU, cpu_device_type),
+    Patch("triton_import_stub", "torchtitan 0.3.0 imports triton unconditionally; a CPU torch has none",
+          ENGINE, TITAN, TRITON_MISSING, triton_import_stub),
+    Patch("set_timeout_alias", "torchtitan 0.3.0 calls torch.distributed.set_timeout, public from torch 2.14",
+          "torch", TORCH_BEFORE_2_14, software("torch.distributed lacks set_timeout", _torch_lacks_set_timeout),
+          set_timeout_alias),
+    Patch("gloo_sum_reduction", "FSDP2 reduce-scatters with PREMUL_SUM, which gloo rejects",
+          ENGINE, TITAN, NO_GPU, gloo_sum_reduction),
+    Patch("sharded_init_on_cpu", "DTensor has no CPU RNG: every rank's shard would be initialised alike",
+          ENGINE, TITAN, NO_GPU & software("torch.cpu lacks set_rng_state", _torch_cpu_lacks_rng_state),
+          sharded_init_on_cpu),
+    Patch("pipeline_presplit_microbatches", "torchtitan 0.3.0 passes pre-split microbatches this torch's "
+          "pipeline schedules do not take", ENGINE, TITAN,
+          software("torch's PipelineSchedule.step lacks arg_mbs", _torch_step_lacks_presplit),
+          pipeline_presplit_microbatches),
+    Patch("peak_flops_from_primus_table", "get_peak_flops runs lspci and falls back to A100's peak for "
+          "devices it does not know", ENGINE, TITAN, ALWAYS, peak_flops_from_primus_table),
+    Patch("checkpoint_on_transient_group", "DCP on gloo's default group leaves OpenMP pools that slow "
+          "every later step", ENGINE, TITAN, NO_GPU, checkpoint_on_transient_group),
+    Patch("hf_backend_feed_forward_sharding", "the transformers backend's sharding reads layer.mlp; Llama 4 "
+          "has feed_forward", ENGINE, TITAN, LLAMA4, hf_backend_feed_forward_sharding),
+    Patch("hf_backend_feed_forward_init", "the transformers backend's init misses Llama 4's feed_forward, "
+          "router and experts", ENGINE, TITAN, LLAMA4, hf_backend_feed_forward_init),
+    Patch("hf_backend_rope_buffers", "Llama 4's RoPE inv_freq stays zero after the backend's to_empty",
+          ENGINE, TITAN, LLAMA4, hf_backend_rope_buffers),
+    Patch("hf_backend_chunked_attention_masks", "one causal mask for every layer: Llama 4's chunked layers "
+          "attend across chunks", ENGINE, TITAN, LLAMA4, hf_backend_chunked_attention_masks),
+    Patch("hf_backend_sdpa_on_cpu", "FlexAttention has no CPU backward in torch 2.13",
+          "torch", TORCH_BEFORE_2_14, LLAMA4 & NO_GPU, hf_backend_sdpa_on_cpu),
+    Patch("float8_on_cpu", "the float8 converter admits only FP8 GPUs; this torch's CPU _scaled_mm has float8",
+          ENGINE, TITAN, FLOAT8 & NO_GPU & software("torchao is installed and CPU _scaled_mm has float8 kernels",
+                                                    _cpu_float8_gemm), float8_on_cpu),
 ]
-_float8_applied: list[str] = []
 
 
-def apply_float8_patches() -> list[str]:
-    """The float8 patches needed here, once per process (after ``apply_patches``)."""
-    apply_patches()
-    return _apply_once(FLOAT8_PATCHES, _float8_applied)
+def run_uses(model_config: Any) -> frozenset[str]:
+    """What a run's model uses that has patches of its own (from TorchTitan's model config)."""
+    from primus.backends.torchtitan.float8 import converted_linears
+
+    found = {"float8"} if converted_linears(model_config) else set()
+    if getattr(model_config, "_primus_hf_config", None) is not None:
+        found.add("llama4")
+    return frozenset(found)
 
 
-_applied: list[str] = []
+def params_uses(params: dict[str, Any], stage: str) -> frozenset[str]:
+    """The same, read from an experiment's parameters without building anything (``primus patches EXP``)."""
+    model = params.get("model") or {}
+    converters = model.get("converters")
+    found = {"float8"} if isinstance(converters, dict) and "float8" in converters else set()
+    if model.get("name") == "llama4":
+        found.add("llama4")
+    return frozenset(found)
 
 
-def _apply_once(patches: list[Patch], applied: list[str]) -> list[str]:
-    """Apply each of ``patches`` needed here, once per process (``applied`` records it); their names."""
-    if not applied:
-        for patch in patches:
-            if patch.applies():
-                patch.apply()
-                applied.append(patch.name)
-        applied.append("")  # marks "done" even when nothing applied
-    return [name for name in applied if name]
+def apply_patches(uses: tuple[str, ...] = ()) -> list[str]:
+    """Apply what is needed in this process for good (scripts and tests that build TorchTitan outside a run)."""
+    return apply_for_process(PATCHES, Where.here(uses))
 
 
-def apply_patches() -> list[str]:
-    """Apply every patch that is needed here, once per process; return their names."""
-    return _apply_once(PATCHES, _applied)
+def apply_hf_backend_patches() -> list[str]:
+    """``apply_patches`` for a Llama 4 model (TorchTitan's transformers backend)."""
+    return apply_patches(("llama4",))

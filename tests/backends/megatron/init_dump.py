@@ -20,11 +20,11 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from primus.backends.megatron import cpu_patches
+    from primus.backends.megatron.patches import PATCHES
 
-    for patch in cpu_patches.CPU_PATCHES + cpu_patches.UPSTREAM_FIXES:
-        if patch.__name__ != without:
-            patch()
+    for patch in PATCHES:
+        if patch.name != without:
+            patch.apply()
     from megatron.core import parallel_state
 
     from primus.backends.megatron.arguments import parse_args

@@ -51,11 +51,10 @@ def main() -> None:
     from megatron.core.transformer.enums import AttnBackend
 
     from primus.backends.megatron.arguments import parse_args
-    from primus.backends.megatron.cpu_patches import apply_cpu_patches, apply_upstream_fixes
+    from primus.backends.megatron.patches import apply_patches
     from primus.backends.megatron.model import Derived, build_model, transformer_config
 
-    apply_cpu_patches()
-    apply_upstream_fixes()
+    apply_patches()
     args = parse_args(json.loads(params_file.read_text()))
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)

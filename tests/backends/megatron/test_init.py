@@ -27,8 +27,8 @@ SPEC = {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 5
 MEGATRON = """
     import os, tempfile
     import torch, torch.distributed as dist
-    from primus.backends.megatron.cpu_patches import apply_cpu_patches
-    apply_cpu_patches()
+    from primus.backends.megatron.patches import apply_patches
+    apply_patches()
     from megatron.core import parallel_state, tensor_parallel
     from primus.backends.megatron.arguments import parse_args
     from primus.backends.megatron.model import Derived, build_model, transformer_config

@@ -147,13 +147,14 @@ def test_tiny_llama4_trains_on_cpu(tmp_path, tiny_cache):
 
 
 def test_hf_backend_patches_are_named_and_gated():
-    from primus.backends.torchtitan.patches import HF_BACKEND_PATCHES, apply_hf_backend_patches
+    from primus.backends.torchtitan.patches import PATCHES, apply_hf_backend_patches
 
     names = {"hf_backend_feed_forward_sharding", "hf_backend_feed_forward_init", "hf_backend_rope_buffers",
              "hf_backend_chunked_attention_masks", "hf_backend_sdpa_on_cpu"}
-    assert {patch.name for patch in HF_BACKEND_PATCHES} == names
-    assert all(patch.why and str(patch.versions) for patch in HF_BACKEND_PATCHES)
-    applied = set(apply_hf_backend_patches())
+    backend = [patch for patch in PATCHES if patch.name.startswith("hf_backend")]
+    assert {patch.name for patch in backend} == names
+    assert all(patch.why and str(patch.versions) and patch.when.needs_run for patch in backend)
+    applied = {name for name in apply_hf_backend_patches() if name.startswith("hf_backend")}
     assert applied == names if not torch.cuda.is_available() else applied == names - {"hf_backend_sdpa_on_cpu"}
 
 

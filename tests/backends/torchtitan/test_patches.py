@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from primus.backends.torchtitan.patches import FLOAT8_PATCHES, PATCHES  # noqa: E402
+from primus.backends.torchtitan.patches import PATCHES  # noqa: E402
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
@@ -14,13 +14,20 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_patches_are_named_gated_and_explained():
+    from primus.runtime.patches import Where
+
     names = [p.name for p in PATCHES]
     assert names == ["cpu_device_type", "triton_import_stub", "set_timeout_alias", "gloo_sum_reduction",
                      "sharded_init_on_cpu", "pipeline_presplit_microbatches", "peak_flops_from_primus_table",
-                     "checkpoint_on_transient_group"]
-    assert [p.name for p in FLOAT8_PATCHES] == ["float8_on_cpu"]  # applied only when a model is converted
-    for patch in PATCHES + FLOAT8_PATCHES:
-        assert patch.why and str(patch.versions) and patch.applies() in (True, False)
+                     "checkpoint_on_transient_group", "hf_backend_feed_forward_sharding",
+                     "hf_backend_feed_forward_init", "hf_backend_rope_buffers", "hf_backend_chunked_attention_masks",
+                     "hf_backend_sdpa_on_cpu", "float8_on_cpu"]
+    for patch in PATCHES:
+        assert patch.why and "\n" not in patch.why and str(patch.versions)
+        assert patch.verdict(Where.here(()))[0] in (True, False)
+    # applied only when a model is converted to float8 / built on the transformers backend
+    plain = {p.name for p in PATCHES if p.verdict(Where(gpu=False, uses=frozenset()))[0]}
+    assert "float8_on_cpu" not in plain and not any(name.startswith("hf_backend") for name in plain)
 
 
 @pytest.mark.e2e
@@ -155,7 +162,7 @@ def test_peak_flops_from_primus_table():
 
 
 FLOAT8_CONVERTER = """
-from primus.backends.torchtitan.patches import apply_patches, apply_float8_patches
+from primus.backends.torchtitan.patches import apply_patches
 apply_patches()
 {patch}
 from torchtitan.components.quantization.float8 import Float8LinearConverter
@@ -178,5 +185,5 @@ def test_float8_on_cpu():
         pytest.skip("a GPU host asks its own capability")
     bare = _python(FLOAT8_CONVERTER.format(patch=""))
     assert "refused: Failed to swap to Float8Linear because float8 is only supported on NVIDIA SM89" in bare.stdout
-    fixed = _python(FLOAT8_CONVERTER.format(patch="print(apply_float8_patches())"))
+    fixed = _python(FLOAT8_CONVERTER.format(patch="print([n for n in apply_patches(('float8',)) if n.startswith('float8')])"))
     assert fixed.stdout.split("\n")[:2] == ["['float8_on_cpu']", "built True"], fixed.stdout + fixed.stderr[-2000:]

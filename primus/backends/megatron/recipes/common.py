@@ -165,17 +165,16 @@ class MegatronRecipe(Recipe):
         return []
 
     def run(self, plan: MegatronPlan, ctx: "RunContext") -> None:
+        from primus.backends.megatron.patches import ENGINE, PATCHES
+        from primus.runtime.patches import Patcher, Where
+
         self.adapter.require_installed()
         plan.log_derived(ctx)
-        if not ctx.device.startswith("cuda"):
-            from primus.backends.megatron.cpu_patches import apply_cpu_patches
+        with Patcher(PATCHES, Where(ctx.device.startswith("cuda"), ctx.device, frozenset())) as patcher:
+            patcher.log(ctx.logger, ENGINE)
+            from primus.backends.megatron.trainer import train
 
-            applied = apply_cpu_patches()
-            if applied:
-                ctx.log_derived("megatron_cpu_patches", ",".join(applied), "no CUDA: megatron-core needs CPU shims")
-        from primus.backends.megatron.trainer import train
-
-        train(plan.engine_config, ctx, plan.module.name, plan.post, plan.lora)
+            train(plan.engine_config, ctx, plan.module.name, plan.post, plan.lora)
 
     def export(self, plan: MegatronPlan, step: int | None, warn: Callable[[str], None] | None = None) -> HFWeights:
         """torch_dist tensors have the layout-free keys and global shapes of ``hf_adapter``; LoRA merged.

@@ -93,25 +93,29 @@ class WanRecipe(Recipe):
         from nemo_automodel.components.config.loader import ConfigNode
         from nemo_automodel.recipes.diffusion.train import TrainDiffusionRecipe
 
-        from primus.backends.nemo_automodel.hooks import StepTap
-        from primus.backends.nemo_automodel.patches import (check_version, checkpoint_on_transient_group,
-                                                           keep_primus_logging, one_train_line)
+        from primus.backends.nemo_automodel.patches import ENGINE, PATCHES, check_version
+        from primus.runtime.patches import Patcher, Where
 
         check_version(self.adapter.require_installed(), ctx.logger.warning)
+        with Patcher(PATCHES, Where.here({"diffusion"})) as patcher:  # undone when the run ends
+            patcher.log(ctx.logger, ENGINE)
+            self._train(TrainDiffusionRecipe, ConfigNode, plan, ctx)
+
+    def _train(self, recipe_class: type, config_node: type, plan: DiffusionPlan, ctx: "RunContext") -> None:
+        from primus.backends.nemo_automodel.hooks import StepTap
+
         plan.log_derived(ctx)
         cfg = plan.engine_config
         if ctx.resume and not cfg["checkpoint"].get("restore_from"):
             cfg["checkpoint"]["restore_from"] = "LATEST"
         check_fresh_checkpoint_dir(cfg, ctx)
         _log_expert(cfg, ctx.logger)
-        recipe = TrainDiffusionRecipe(ConfigNode(cfg))
-        with keep_primus_logging(), checkpoint_on_transient_group():  # resume loads too
-            recipe.setup()
+        recipe = recipe_class(config_node(cfg))
+        recipe.setup()  # the patches keep Primus's logging; checkpoint loads on transient groups (CPU)
         _log_sigma_window(recipe, ctx.logger)
         tap = StepTap(recipe, ctx.report_step, ctx.should_stop, ctx.instruments.clock)
         try:
-            with one_train_line(), checkpoint_on_transient_group():  # no OpenMP pools left
-                recipe.run_train_validation_loop()
+            recipe.run_train_validation_loop()
         finally:
             tap.close()
         if getattr(recipe.step_scheduler, "sigterm_flag", False):

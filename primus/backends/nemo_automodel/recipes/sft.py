@@ -226,12 +226,18 @@ class AutoModelSFT(Recipe):
         from nemo_automodel.components.config.loader import ConfigNode
         from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
 
-        from primus.backends.nemo_automodel.patches import (check_version, checkpoint_on_transient_group,
-                                                           keep_primus_logging, llm_recipe_on_cpu)
+        from primus.backends.nemo_automodel.patches import ENGINE, PATCHES, check_version
+        from primus.runtime.patches import Patcher, Where
+
+        check_version(self.adapter.require_installed(), ctx.logger.warning)
+        with Patcher(PATCHES, Where.here({"llm"})) as patcher:  # undone when the run ends
+            patcher.log(ctx.logger, ENGINE)
+            self._train(TrainFinetuneRecipeForNextTokenPrediction, ConfigNode, plan, ctx)
+
+    def _train(self, recipe_class: type, config_node: type, plan: LLMPlan, ctx: "RunContext") -> None:
         from primus.backends.nemo_automodel.recipes.diffusion import check_fresh_checkpoint_dir
         from primus.runtime.preemption import Preempted
 
-        check_version(self.adapter.require_installed(), ctx.logger.warning)
         plan.log_derived(ctx)
         cfg = plan.engine_config
         check_fresh_checkpoint_dir(cfg, ctx)
@@ -240,13 +246,11 @@ class AutoModelSFT(Recipe):
         peft = "LoRA (peft)" if cfg.get("peft") else "full fine-tuning"
         ctx.logger.info("nemo_automodel sft: %s of the Hugging Face checkpoint %s", peft,
                         cfg["model"]["pretrained_model_name_or_path"])
-        recipe = TrainFinetuneRecipeForNextTokenPrediction(ConfigNode(cfg))
-        with keep_primus_logging(), llm_recipe_on_cpu(setup=True), checkpoint_on_transient_group():
-            recipe.setup()
+        recipe = recipe_class(config_node(cfg))
+        recipe.setup()  # the patches keep Primus's logging and, on CPU, send CUDA calls to the CPU
         tap = LLMStepTap(recipe, ctx, plan.flops_per_token)
         try:
-            with keep_primus_logging(), llm_recipe_on_cpu(setup=False), checkpoint_on_transient_group():
-                recipe.run_train_validation_loop()
+            recipe.run_train_validation_loop()
         finally:
             tap.close()
         if getattr(recipe.step_scheduler, "sigterm_flag", False):

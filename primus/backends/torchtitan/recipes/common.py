@@ -144,13 +144,16 @@ class TorchTitanRecipe(Recipe):
 
 
     def run(self, plan: TorchTitanPlan, ctx: "RunContext") -> None:
-        from primus.backends.torchtitan.float8 import converted_linears
-        from primus.backends.torchtitan.patches import apply_float8_patches, apply_patches
+        """The run, with the compatibility patches it needs applied for its length (undone after)."""
+        from primus.backends.torchtitan.patches import ENGINE, PATCHES, run_uses
+        from primus.runtime.patches import Patcher, Where
 
+        with Patcher(PATCHES, Where.here(run_uses(plan.engine_config.model_spec.model))) as patcher:
+            patcher.log(ctx.logger, ENGINE)
+            self._train(plan, ctx)
+
+    def _train(self, plan: TorchTitanPlan, ctx: "RunContext") -> None:
         cfg = plan.engine_config
-        float8 = [*apply_float8_patches()] if converted_linears(cfg.model_spec.model) else []
-        for name in [*apply_patches(), *float8]:
-            ctx.logger.info("applied TorchTitan compatibility patch: %s", name)
         import torch.distributed as dist
 
         from primus.backends.torchtitan.hooks import with_primus_components
@@ -168,10 +171,7 @@ class TorchTitanRecipe(Recipe):
         hf_config = getattr(cfg.model_spec.model, "_primus_hf_config", None)
         if hf_config is not None:  # Llama 4: the backend reads the model's shapes from hf_model/config.json
             from primus.backends.torchtitan.llama4 import write_hf_config
-            from primus.backends.torchtitan.patches import apply_hf_backend_patches
 
-            for name in apply_hf_backend_patches():
-                ctx.logger.info("applied TorchTitan compatibility patch: %s", name)
             write_hf_config(cfg.hf_model, hf_config)
         self.before_build(plan, ctx)
         trainer = with_primus_components(cfg).build()

@@ -1,0 +1,67 @@
+"""megatron-core's compatibility patches, one list: the CPU shims, then upstream bugs on every device.
+
+The functions live in ``cpu_patches.py`` (CPU shims, device-independent fixes) and ``fsdp_patches.py``
+(PyTorch FSDP2); each docstring gives the upstream reason. A run applies the records through one
+``Patcher`` (``recipes/common.py``) and undoes them when it ends.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+
+from primus.backends.megatron import cpu_patches as cpu
+from primus.backends.megatron import fsdp_patches as fsdp
+from primus.runtime.patches import ALWAYS, NO_GPU, Condition, Patch, Where, apply_for_process
+
+ENGINE = "megatron"
+# Verified against megatron-core 0.16.1; the hard-coded CUDA sites are the same across 0.16.x.
+MEGATRON_CORE = SpecifierSet(">=0.16.0,<0.17")
+
+
+def _patch(function, why: str, when: Condition) -> Patch:
+    return Patch(function.__name__, why, "megatron-core", MEGATRON_CORE, when, function)
+
+
+PATCHES = [
+    _patch(cpu.patch_current_device, "megatron-core allocates on torch.cuda.current_device()", NO_GPU),
+    _patch(cpu.patch_rng_tracker, "the TP/DP RNG streams live in CUDA generators", NO_GPU),
+    _patch(cpu.patch_recompute_rng, "activation recompute saves and restores the CUDA RNG state", NO_GPU),
+    _patch(cpu.patch_cuda_device_arguments, "optimizer, DDP and schedules create tensors with device='cuda'",
+           NO_GPU),
+    _patch(cpu.patch_param_type_checks, "grad clipping and the optimizers check 'torch.cuda.*' type names",
+           NO_GPU),
+    _patch(cpu.patch_moe_router_gemm_name, "the MoE router reads te_general_gemm, undefined without TE", NO_GPU),
+    _patch(cpu.patch_alltoall_dispatcher_without_cuda_streams, "the alltoall token dispatcher makes a CUDA "
+           "stream and event", NO_GPU),
+    _patch(cpu.patch_cpu_expert_init_across_ep_ranks, "CPU initialisation gives every EP rank the same experts",
+           NO_GPU),
+    _patch(cpu.patch_torch_fsdp2_cpu_mesh, "megatron-core's FSDP2 wrapper builds a 'cuda' device mesh", NO_GPU),
+    _patch(cpu.patch_identity_reduce_for_single_rank_groups, "a one-rank TP all-reduce returns a view that MoE "
+           "bias experts modify in place", ALWAYS),
+    _patch(cpu.patch_local_attention_mla_head_dims, "the local DotProductAttention rejects MLA's k/v_channels",
+           ALWAYS),
+    _patch(cpu.patch_mla_without_transformer_engine, "MLA believes Transformer Engine is installed when it is not",
+           ALWAYS),
+    _patch(cpu.patch_torch_norm_sequence_parallel, "the torch norm refuses sequence parallelism", ALWAYS),
+    _patch(cpu.patch_distrib_optimizer_legacy_load_with_torch_adam, "a legacy distrib_optim.pt does not load "
+           "into torch's Adam (KeyError 'step')", ALWAYS),
+    _patch(fsdp.patch_fsdp2_finish_grad_sync_signature, "FSDP2's finish_grad_sync lacks force_all_reduce "
+           "(fixed upstream, Megatron-LM#4953)", ALWAYS),
+    _patch(fsdp.patch_fsdp2_optimizer_param_identity, "with torch >= 2.13 FSDP2 checkpoints match no parameter "
+           "ids", ALWAYS),
+    _patch(fsdp.patch_fsdp2_swiglu_checkpoint_layout, "FSDP2 saves SwiGLU's linear_fc1 rows in the wrong place "
+           "(fixed upstream, Megatron-LM#5714)", ALWAYS),
+]
+
+
+def params_uses(params: dict[str, Any], stage: str) -> frozenset[str]:
+    """No Megatron patch depends on what the run uses."""
+    return frozenset()
+
+
+def apply_patches(gpu: bool | None = None) -> list[str]:
+    """Apply what is needed in this process for good (scripts and tests that build megatron-core outside a run);
+    ``gpu`` as the run would see it (default: this host)."""
+    where = Where.here(()) if gpu is None else Where(gpu, uses=frozenset())
+    return apply_for_process(PATCHES, where)
