@@ -40,7 +40,10 @@ def _patches(args: argparse.Namespace, overrides: list[str]) -> int:
             raise ConfigError(f"{args.exp}: backend '{module.framework}' lists no patches")
         records = importlib.import_module(engines[module.framework])
         engines = {module.framework: engines[module.framework]}
-        where = _replace_uses(where, records.params_uses(module.params, module.stage))
+        from primus.runtime.registry import get_adapter
+
+        recipe = get_adapter(module.framework).recipe(module.stage, module.params)
+        where = _replace_uses(where, records.params_uses(module.params) | recipe.patch_uses)
     print(f"patches for {_describe(where, args.device)}")
     for engine, path in engines.items():
         print(render(engine, importlib.import_module(path).PATCHES, where))

@@ -134,6 +134,8 @@ class Recipe(ABC):
     """
 
     stage: ClassVar[str]  # the table row this recipe is (``pretrain``, ``sft``, ``finetune``, ``lora``)
+    # what this recipe's run uses that a compatibility patch's condition may ask for (``primus.runtime.patches``)
+    patch_uses: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, adapter: "BackendAdapter"):
         self.adapter = adapter
@@ -199,6 +201,7 @@ class WrappingRecipe(Recipe):
     def __init__(self, adapter: "BackendAdapter", *, base: Recipe):
         super().__init__(adapter)
         self.base = base
+        self.patch_uses = base.patch_uses
 
     def defaults(self) -> dict[str, Any]:
         return self.base.defaults()

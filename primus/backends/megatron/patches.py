@@ -55,7 +55,7 @@ PATCHES = [
 ]
 
 
-def params_uses(params: dict[str, Any], stage: str) -> frozenset[str]:
+def params_uses(params: dict[str, Any]) -> frozenset[str]:
     """No Megatron patch depends on what the run uses."""
     return frozenset()
 

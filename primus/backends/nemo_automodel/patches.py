@@ -264,6 +264,6 @@ PATCHES = [
 ]
 
 
-def params_uses(params: dict[str, Any], stage: str) -> frozenset[str]:
-    """The recipe kind a stage runs: the LLM recipe (sft, lora) or the diffusion one."""
-    return frozenset({"llm" if stage in ("sft", "lora") else "diffusion"})
+def params_uses(params: dict[str, Any]) -> frozenset[str]:
+    """Nothing beyond the recipe's own ``patch_uses`` (the LLM recipe or the diffusion one)."""
+    return frozenset()

@@ -569,7 +569,7 @@ def run_uses(model_config: Any) -> frozenset[str]:
     return frozenset(found)
 
 
-def params_uses(params: dict[str, Any], stage: str) -> frozenset[str]:
+def params_uses(params: dict[str, Any]) -> frozenset[str]:
     """The same, read from an experiment's parameters without building anything (``primus patches EXP``)."""
     model = params.get("model") or {}
     converters = model.get("converters")

@@ -36,6 +36,8 @@ DiffusionPlan = EnginePlan[dict, "WanSpec", "DiffusionLayout"]  # engine_config:
 class WanRecipe(Recipe):
     """A Wan 2.2 run of ``TrainDiffusionRecipe`` in one of AutoModel's modes (``model.mode``)."""
 
+    patch_uses = frozenset({"diffusion"})
+
     mode: ClassVar[str]  # AutoModel's model.mode: pretrain (random init from pipeline_spec) | finetune
     weights: ClassVar[Callable[[dict, EnginePlan], None]]  # how the trained expert's weights come (config.py)
 
@@ -97,7 +99,7 @@ class WanRecipe(Recipe):
         from primus.runtime.patches import Patcher, Where
 
         check_version(self.adapter.require_installed(), ctx.logger.warning)
-        with Patcher(PATCHES, Where.here({"diffusion"})) as patcher:  # undone when the run ends
+        with Patcher(PATCHES, Where.here(self.patch_uses)) as patcher:  # undone when the run ends
             patcher.log(ctx.logger, ENGINE)
             self._train(TrainDiffusionRecipe, ConfigNode, plan, ctx)
 

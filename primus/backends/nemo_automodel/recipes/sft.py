@@ -157,6 +157,8 @@ def layout(cfg: dict[str, Any], world_size: int | None, seq_len: int):
 class AutoModelSFT(Recipe):
     """A Hugging Face LLM fine-tuned by AutoModel's LLM recipe (full weights; LoRA: ``lora.py``)."""
 
+    patch_uses = frozenset({"llm"})
+
     stage = "sft"
 
     def defaults(self) -> dict[str, Any]:
@@ -230,7 +232,7 @@ class AutoModelSFT(Recipe):
         from primus.runtime.patches import Patcher, Where
 
         check_version(self.adapter.require_installed(), ctx.logger.warning)
-        with Patcher(PATCHES, Where.here({"llm"})) as patcher:  # undone when the run ends
+        with Patcher(PATCHES, Where.here(self.patch_uses)) as patcher:  # undone when the run ends
             patcher.log(ctx.logger, ENGINE)
             self._train(TrainFinetuneRecipeForNextTokenPrediction, ConfigNode, plan, ctx)
 
