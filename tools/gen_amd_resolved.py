@@ -134,31 +134,29 @@ def resolve(git_dir: str, commit: str, path: str) -> dict[str, dict[str, Any]]:
 
     table = megatron_lm_table()
     out = {}
-    for name, module in (load(git_dir, commit, path).get("modules") or {}).items():
-        if not isinstance(module, dict) or module.get("framework") != "megatron":
-            continue
-        config = load(git_dir, commit, f"{CONFIGS}/modules/megatron/{module['config']}")
-        model = load(git_dir, commit, f"{CONFIGS}/models/megatron/{module['model']}")
-        merged = {**{k: v for k, v in model.items() if k not in config}, **config}  # merge_namespace, no override
-        merged = deep_merge(merged, module.get("overrides") or {})
+    for name, merged in amd_modules(git_dir, commit, path, "megatron"):
         args = {key: merged[key] if key in merged and merged[key] is not None else _default(table, key)
                 for key in COMPARED}
         out[name] = megatron_lm_rules(args)
     return out
 
 
+def amd_modules(git_dir: str, commit: str, path: str, framework: str):
+    """(module name, settings) of each ``framework`` module of an AMD example, merged as AMD Primus merges:
+    its module preset over its model preset (``merge_namespace``, no override), then the overrides."""
+    for name, module in (load(git_dir, commit, path).get("modules") or {}).items():
+        if not isinstance(module, dict) or module.get("framework") != framework:
+            continue
+        config = load(git_dir, commit, f"{CONFIGS}/modules/{framework}/{module['config']}")
+        model = load(git_dir, commit, f"{CONFIGS}/models/{framework}/{module['model']}")
+        merged = {**{k: v for k, v in model.items() if k not in config}, **config}
+        yield name, deep_merge(merged, module.get("overrides") or {})
+
+
 def resolve_torchtitan(git_dir: str, commit: str, path: str) -> dict[str, dict[str, Any]]:
     """{module name: the TorchTitan 0.2 settings AMD Primus's trainer reads, TORCHTITAN_COMPARED only}."""
-    out = {}
-    for name, module in (load(git_dir, commit, path).get("modules") or {}).items():
-        if not isinstance(module, dict) or module.get("framework") != "torchtitan":
-            continue
-        config = load(git_dir, commit, f"{CONFIGS}/modules/torchtitan/{module['config']}")
-        model = load(git_dir, commit, f"{CONFIGS}/models/torchtitan/{module['model']}")
-        merged = {**{k: v for k, v in model.items() if k not in config}, **config}  # merge_namespace, no override
-        merged = deep_merge(merged, module.get("overrides") or {})
-        out[name] = {key: torchtitan_value(merged, key, path) for key in TORCHTITAN_COMPARED}
-    return out
+    return {name: {key: torchtitan_value(merged, key, path) for key in TORCHTITAN_COMPARED}
+            for name, merged in amd_modules(git_dir, commit, path, "torchtitan")}
 
 
 def torchtitan_value(settings: dict[str, Any], key: str, path: str) -> Any:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[2]
+# AMD Primus's example files: the copies kept here, or a whole checkout (AMD_PRIMUS_CHECKOUT), or its mirror
+FIXTURES = ROOT / "tests" / "fixtures" / "amd_primus"
+CHECKOUT = os.environ.get("AMD_PRIMUS_CHECKOUT")
+AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo"))
 TABLE = Path(__file__).with_name("amd_resolved.json")
 TORCHTITAN_TABLE = Path(__file__).with_name("amd_resolved_torchtitan.json")
 
@@ -68,3 +74,22 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
     return getattr(value, "value", value)  # an enum as its YAML spelling
+
+
+def unexplained(where: str, keys: list[str], row: list, ours: dict[str, Any], lines: list[str],
+                announced: dict[str, str], same_run=lambda name, amd, ours: False) -> list[str]:
+    """The differences of one module's row (AMD Primus's values) from Primus's: none where the values are
+    equal (floats to 1e-12), ``same_run`` says they mean one run, or exactly one ``differs:`` line of
+    ``announced`` says so."""
+    problems = []
+    for name, amd in zip(keys, row):
+        value = ours[name]
+        if value == amd or same_run(name, amd, value):
+            continue
+        if isinstance(amd, float) and isinstance(value, float) and abs(amd - value) <= 1e-12 * abs(amd):
+            continue
+        line = announced.get(name)
+        if line and sum(text.startswith(line) for text in lines) == 1:
+            continue
+        problems.append(f"{where}: {name}: AMD Primus {amd!r}, here {value!r}{' (no differs: line)' if line else ''}")
+    return problems

@@ -8,19 +8,15 @@ Offline over the copies in tests/fixtures/amd_primus; over the whole checkout wi
 """
 import contextlib
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.compat.amd_resolution import TABLE, amd_table, primus_arguments
+from tests.compat.amd_resolution import (AMD_MIRROR, CHECKOUT, FIXTURES, ROOT, TABLE, amd_table, primus_arguments,
+                                         unexplained)
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "amd_primus"
-CHECKOUT = os.environ.get("AMD_PRIMUS_CHECKOUT")
-AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo"))
 
 # Where Primus runs something else, and says so in a differs: line (docs/compat.md, "What differs").
 ANNOUNCED = {
@@ -42,19 +38,9 @@ def _compare(root: Path, key: str, row: list) -> list[str]:
     keys = amd_table()["keys"]
     with contextlib.redirect_stdout(io.StringIO()):
         values, lines, stages = primus_arguments(root / path, keys)
-    problems = []
-    for name, amd in zip(keys, row):
-        ours = values[module][name]
-        if ours == amd or (name, amd, ours) in SAME_RUN or (name in SFT_UNREAD and stages[module] == "sft"):
-            continue
-        if isinstance(amd, float) and isinstance(ours, float) and abs(amd - ours) <= 1e-12 * abs(amd):
-            continue
-        announced = ANNOUNCED.get(name)
-        if announced and sum(line.startswith(announced) for line in lines[module]) == 1:
-            continue
-        problems.append(f"{path}:{module}: {name}: AMD Primus {amd!r}, here {ours!r}"
-                        f"{' (no differs: line)' if announced else ''}")
-    return problems
+    sft = stages[module] == "sft"
+    return unexplained(f"{path}:{module}", keys, row, values[module], lines[module], ANNOUNCED,
+                       lambda name, amd, ours: (name, amd, ours) in SAME_RUN or (name in SFT_UNREAD and sft))
 
 
 def _rows(root: Path) -> list[tuple[str, list]]:

@@ -10,21 +10,17 @@ AMD_PRIMUS_CHECKOUT. Planning only: no training.
 """
 import contextlib
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.compat.amd_resolution import TORCHTITAN_TABLE, amd_table, primus_arguments
+from tests.compat.amd_resolution import (AMD_MIRROR, CHECKOUT, FIXTURES, ROOT, TORCHTITAN_TABLE, amd_table,
+                                         primus_arguments, unexplained)
 
 pytest.importorskip("torchtitan")  # the plan is TorchTitan 0.3.0's own Trainer.Config
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "amd_primus"
-CHECKOUT = os.environ.get("AMD_PRIMUS_CHECKOUT")
-AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo"))
 
 # Where Primus runs something else, and says so in a differs: line (docs/compat.md, "Key by key against AMD
 # Primus's own resolution").
@@ -41,17 +37,7 @@ def _compare(root: Path, key: str, row: list) -> list[str]:
     keys = amd_table(TORCHTITAN_TABLE)["keys"]
     with contextlib.redirect_stdout(io.StringIO()):
         values, lines, _ = primus_arguments(root / path, keys)
-    problems = []
-    for name, amd in zip(keys, row):
-        ours = values[module][name]
-        if ours == amd or (isinstance(amd, float) and isinstance(ours, float) and abs(amd - ours) <= 1e-12 * abs(amd)):
-            continue
-        announced = ANNOUNCED.get(name)
-        if announced and sum(line.startswith(announced) for line in lines[module]) == 1:
-            continue
-        problems.append(f"{path}:{module}: {name}: AMD Primus {amd!r}, here {ours!r}"
-                        f"{' (no differs: line)' if announced else ''}")
-    return problems
+    return unexplained(f"{path}:{module}", keys, row, values[module], lines[module], ANNOUNCED)
 
 
 def _rows(root: Path) -> list[tuple[str, list]]:
@@ -85,6 +71,7 @@ def test_every_amd_torchtitan_example_trains_as_amd_primus_does():
     assert problems == [], "\n".join(problems[:40])
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR})")
 def test_the_torchtitan_table_is_a_fresh_generation():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_amd_resolved.py"), "--git-dir",

@@ -13,14 +13,7 @@ import sys
 from pathlib import Path
 
 from megatron_logits_worker import finish, model_from_hf, start
-
-CONVERSATIONS = [
-    {"prompt": "What is 2 plus 3?", "response": "2 plus 3 is 5."},
-    {"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Red."},
-                  {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Blue, then green."}]},
-    {"prompt": "Say hello.", "response": "Hello there, friend."},
-    {"prompt": "Count to four.", "response": "One, two, three, four."},
-]
+from packing_conversations import CONVERSATIONS
 
 
 def response_losses(model, rows, pad_id: int, causal_only: bool = False):

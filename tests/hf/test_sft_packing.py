@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.hf.packing_conversations import CONVERSATIONS
+
 pytest.importorskip("transformers")
 pytest.importorskip("torchtitan")
 
@@ -37,13 +39,6 @@ def tokenizer(hf_models):
     return load_tokenizer(hf_models("llama"))
 
 
-CONVERSATIONS = [
-    {"prompt": "What is 2 plus 3?", "response": "2 plus 3 is 5."},
-    {"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Red."},
-                  {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Blue, then green."}]},
-    {"prompt": "Say hello.", "response": "Hello there, friend."},
-    {"prompt": "Count to four.", "response": "One, two, three, four."},
-]
 
 
 def _model(vocab_size: int, document_mask: bool):
