@@ -2,7 +2,8 @@
 
 AutoModel runs unmodified on CPU (measured: gloo, FSDP2, 2 ranks); what is fixed here is its
 logging (keeping Primus's handlers and rank output intact around ``setup()``, one ``[TRAIN]``
-line per step), its CUDA-only calls in the LLM recipe and its checkpoints on gloo. Each fix is a
+line per step), its CUDA-only calls in the LLM recipe, its checkpoints on gloo, and the RNG a resumed
+dataloader draws from (torchdata's, under AutoModel's resume). Each fix is a
 context manager; its record wraps the recipe's ``setup()`` or training loop in it (or holds it for
 the run), and the run's ``Patcher`` (``recipes/``) undoes them all when it ends.
 ``check_version`` says when the installed AutoModel is not the one they were written against.
@@ -201,6 +202,35 @@ def llm_recipe_on_cpu(setup: bool) -> Iterator[None]:
             setattr(torch.cuda, name, value)
 
 
+def restored_loader_keeps_the_rng(swap: Swaps = PERMANENT) -> None:
+    """A ``StatefulDataLoader`` iterator rebuilt from a checkpoint's state leaves the global torch RNG as
+    it was.
+
+    Why: ``_BaseDataLoaderIter.__init__`` draws ``_base_seed`` from the global CPU generator whenever an
+    iterator is made (torchdata 0.11.0 then overwrites it from the saved state, or, with no workers, never
+    uses it). In an unbroken run the epoch's iterator drew before the checkpoint was written, so that draw
+    is already in the RNG state AutoModel restores in ``setup()``; the resumed run's rebuilt iterator draws
+    once more, and every later random draw (the diffusion recipe's flow-matching noise and timesteps,
+    dropout) shifts: same samples, other losses. A fresh iterator (the next epoch's) still draws, as in the
+    unbroken run."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    original = StatefulDataLoader._get_iterator
+
+    def _get_iterator(self: Any) -> Any:
+        if self.next_iter_state is None:
+            return original(self)
+        import torch
+
+        state = torch.random.get_rng_state()
+        try:
+            return original(self)
+        finally:
+            torch.random.set_rng_state(state)
+
+    swap.set(StatefulDataLoader, "_get_iterator", _get_iterator)
+
+
 # -- the records: each context manager around the recipe phase it fixes ----------------------------------
 RECIPES = {"diffusion": ("nemo_automodel.recipes.diffusion.train", "TrainDiffusionRecipe"),
            "llm": ("nemo_automodel.recipes.llm.train_ft", "TrainFinetuneRecipeForNextTokenPrediction")}
@@ -261,6 +291,9 @@ PATCHES = [
           one_train_line_in_diffusion),
     Patch("keep_primus_logging", "setup_logging replaces Primus's formats and silences ranks > 0 for good",
           "nemo-automodel", AUTOMODEL, ALWAYS, keep_logging_in_recipes),
+    Patch("restored_loader_keeps_the_rng", "a dataloader iterator rebuilt from a checkpoint draws from the global "
+          "RNG the checkpoint restored: a resumed run's noise differs from the unbroken run's", "torchdata",
+          SpecifierSet(">=0.11.0"), ALWAYS, restored_loader_keeps_the_rng),
 ]
 
 

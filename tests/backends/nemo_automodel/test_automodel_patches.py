@@ -62,3 +62,39 @@ def test_one_train_line_drops_only_the_engine_train_record(caplog):
         logging.getLogger("primus.metrics").info("[TRAIN] step=1 loss=1.0")
     assert "step=0" not in caplog.text
     assert "Epoch 1 complete" in caplog.text and "[TRAIN] step=1" in caplog.text
+
+
+def _draw_after_restoring_a_loader() -> "torch.Tensor":
+    """The first random number after an iterator is rebuilt from a saved state, the RNG seeded just before."""
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(list(range(4)), batch_size=1)
+    iterator = iter(loader)
+    next(iterator)
+    resumed = StatefulDataLoader(list(range(4)), batch_size=1)
+    resumed.load_state_dict(loader.state_dict())
+    torch.manual_seed(0)
+    rest = [int(batch) for batch in iter(resumed)]
+    assert rest == [1, 2, 3]  # the position itself is restored either way
+    return torch.rand(1)
+
+
+def test_restored_loader_keeps_the_rng():
+    """Upstream, rebuilding the iterator draws from the global RNG (the first assert fails once torchdata
+    stops); under the patch the next draw is the one the restored RNG state gives."""
+    import torch
+
+    from primus.backends.nemo_automodel.patches import restored_loader_keeps_the_rng
+    from primus.runtime.patches import Swaps
+
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    assert not _draw_after_restoring_a_loader().equal(expected)
+    swap = Swaps()
+    restored_loader_keeps_the_rng(swap)
+    try:
+        assert _draw_after_restoring_a_loader().equal(expected)
+    finally:
+        swap.restore()
+    assert not _draw_after_restoring_a_loader().equal(expected)
