@@ -12,6 +12,8 @@ step_time runs from the step's first forward to the end of its optimizer update,
 excludes checkpoint saves and validation between steps. The same hooks mark the step's phases
 (``primus.runtime.phases``): forward+backward from the first micro-batch to the optimizer's
 pre-step hook, then the optimizer; saves and validation between steps.
+
+With ``primus.sample_hashes`` each micro-batch's latents are digested as they arrive (``record_latents``).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from primus.runtime.metrics import StepReport
 from primus.runtime.phases import PhaseClock
 
 _BATCH_KEYS = ("video_latents", "image_latents", "latents", "text_embeddings")
+_LATENT_KEYS = ("video_latents", "image_latents", "latents")
 
 
 def _batch_size(batch: dict[str, Any]) -> int:
@@ -31,6 +34,15 @@ def _batch_size(batch: dict[str, Any]) -> int:
         if value is not None and getattr(value, "ndim", 0) > 0:
             return int(value.shape[0])
     return 0
+
+
+def record_latents(samples: Any, batch: dict[str, Any], dp_rank: int, dp_size: int) -> None:
+    """A micro-batch's latents, one row per sample, into ``primus.sample_hashes``' digest. AutoModel's
+    ``SequentialBucketSampler`` deals each bucket's shuffled order round-robin (rank r takes places
+    r, r + dp, ...), so a row is keyed by its place in the step's dealt order."""
+    latents = next((batch[key] for key in _LATENT_KEYS if getattr(batch.get(key), "ndim", 0) > 0), None)
+    if latents is not None:
+        samples.add(latents, group_rank=dp_rank, dealt_over=dp_size)
 
 
 def time_saves_and_validation(recipe: Any, clock: PhaseClock) -> Callable[[], None]:
@@ -53,10 +65,10 @@ class StepTap:
     """Attach to a set-up recipe; calls ``report(StepReport)`` on every rank, once per optimizer step."""
 
     def __init__(self, recipe: Any, report: Callable[[StepReport], Any], should_stop: Callable[[], bool] = lambda: False,
-                 clock: PhaseClock | None = None):
+                 clock: PhaseClock | None = None, samples: Any = None):
         import torch
 
-        self.recipe, self.report, self.should_stop = recipe, report, should_stop
+        self.recipe, self.report, self.should_stop, self.samples = recipe, report, should_stop, samples
         self.clock = clock or PhaseClock()
         self._losses: list[Any] = []
         self._samples = 0
@@ -65,6 +77,8 @@ class StepTap:
         self._dp_size = max(1, int(getattr(recipe, "dp_size", 1) or 1))
         self._world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self._on_cuda = torch.device(getattr(recipe, "device", "cpu")).type == "cuda"
+        if samples is not None:  # the data-parallel place the recipe's dataloader was built for
+            self._data_rank, self._data_ranks = int(recipe._get_dp_rank()), int(recipe._get_dp_group_size())
 
         self._untap = tap_flow_matching_step(recipe.flow_matching_pipeline, self._on_micro_batch)
         self._handles = [recipe.optimizer[-1].register_step_pre_hook(self._before_optimizer_step),
@@ -77,6 +91,8 @@ class StepTap:
             self.clock.enter("compute")
         self._losses.append(loss.detach().float())
         self._samples += _batch_size(batch)
+        if self.samples is not None:
+            record_latents(self.samples, batch, self._data_rank, self._data_ranks)
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         self.clock.exit("compute")

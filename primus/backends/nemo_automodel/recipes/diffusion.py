@@ -115,7 +115,7 @@ class WanRecipe(Recipe):
         recipe = recipe_class(config_node(cfg))
         recipe.setup()  # the patches keep Primus's logging; checkpoint loads on transient groups (CPU)
         _log_sigma_window(recipe, ctx.logger)
-        tap = StepTap(recipe, ctx.report_step, ctx.should_stop, ctx.instruments.clock)
+        tap = StepTap(recipe, ctx.report_step, ctx.should_stop, ctx.instruments.clock, ctx.samples)
         try:
             recipe.run_train_validation_loop()
         finally:

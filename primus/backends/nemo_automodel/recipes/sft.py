@@ -9,6 +9,7 @@ as the other backends) and its held-out split becomes ``validation_dataset``. Ev
 by AutoModel's own typed configs (``RecipeConfig``) before launch. LoRA is AutoModel's (``peft:``; the
 lora recipe wraps this one); ``primus export`` writes the consolidated weights.
 
+With ``primus.sample_hashes`` each step's token ids are digested before the step runs (``record_tokens``).
 Each optimizer step is reported through ``RunContext.report_step`` (the recipe's own
 ``_run_train_optim_step`` returns the step's global loss, grad norm and LR); each validation
 loss goes through ``RunContext.report_eval`` (metrics.jsonl, ``[EVAL]``, TensorBoard, trackers).
@@ -294,6 +295,18 @@ def base_model(source: Path):
     return model_spec_from_hf(read_config(source))
 
 
+def record_tokens(samples: Any, batches: list, dp_rank: int, dp_size: int) -> None:
+    """Each micro-batch's token ids, one sample a row without its padding (``default_collater`` pads to
+    the micro-batch's longest), into ``primus.sample_hashes``' digest. AutoModel's
+    ``StatefulDistributedSampler`` deals one shuffled order round-robin (rank r takes places r, r + dp,
+    ...), so a row is keyed by its place in the step's dealt order."""
+    for batch in batches:
+        ids, mask = batch["input_ids"], batch.get("attention_mask")
+        rows = [row[keep.bool()] for row, keep in zip(ids, mask)] if mask is not None and mask.shape == ids.shape \
+            else ids
+        samples.add(rows, group_rank=dp_rank, dealt_over=dp_size)
+
+
 class LLMStepTap:
     """Report every optimizer step of the LLM recipe, and its validation losses, to Primus."""
 
@@ -307,6 +320,8 @@ class LLMStepTap:
         computing, clock = ctx.phase("compute"), ctx.instruments.clock
 
         def run_train_optim_step(batches, max_grad_norm=None):
+            if ctx.samples is not None:  # before the recipe moves or reshapes the batches
+                record_tokens(ctx.samples, batches, recipe._get_dp_rank(), recipe._get_dp_group_size())
             start = time.perf_counter()
             with computing:  # the optimizer's hooks carve its own phase out of it
                 sample = original_step(batches, max_grad_norm)
