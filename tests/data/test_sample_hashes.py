@@ -136,3 +136,24 @@ def test_torchtitan_reshardable_keeps_the_global_sample_order_when_resumed_on_fe
                               ["primus.sample_hashes=true", "dataloader.reshardable=true", "training.steps=6",
                                "training.global_batch_size=8", "training.local_batch_size=4", "checkpoint.interval=100"], 6)
 
+
+@pytest.mark.e2e
+def test_automodel_refuses_to_resume_on_fewer_data_parallel_ranks(run_primus, workspace):
+    """AutoModel keeps one dataloader state per data-parallel rank and loads the file of its own rank: 2 ranks
+    stopped at step 2 and resumed on 1 would repeat half the consumed samples. Refused in one line before
+    any rank starts (``nemo_automodel/resume.py``)."""
+    pytest.importorskip("nemo_automodel")
+    overrides = ["step_scheduler.max_steps=4", "step_scheduler.num_epochs=2", "step_scheduler.ckpt_every_steps=100"]
+    first = run_primus("train", AUTOMODEL_WAN, "--nproc-per-node", "2", "exp_name=split", *overrides,
+                       env={"PRIMUS_FAULT_INJECT": "term@rank0:step2"})
+    assert first.returncode == 75, first.stderr[-2000:]
+    run_dir = workspace / "amd" / "root" / "split"
+    [saved] = [p for p in (run_dir / "checkpoints").glob("epoch_*_step_*") if (p / "dataloader").is_dir()]
+    assert sorted(f.name for f in (saved / "dataloader").iterdir()) == \
+        ["dataloader_dp_rank_0.pt", "dataloader_dp_rank_1.pt"]
+    refused = run_primus("train", AUTOMODEL_WAN, "exp_name=split", *overrides)
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("primus: error: resume: ") and \
+        "holds the data positions of 2 data-parallel ranks, this run has 1" in lines[0], lines
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]  # nothing ran

@@ -91,6 +91,12 @@ class WanRecipe(Recipe):
                     and not built_by_prepare(value, plan.module.params):
                 raise error_at(provenance, f"{prefix}.{key}", f"{value} does not exist")
 
+    def resume_problem(self, plan: DiffusionPlan, resuming: bool) -> str | None:
+        """The model and optimizer reshard; the per-rank dataloader states do not (``resume.py``)."""
+        from primus.backends.nemo_automodel.resume import data_position_problem
+
+        return data_position_problem(plan.engine_config, "fsdp", plan.world_size, resuming)
+
     def run(self, plan: DiffusionPlan, ctx: "RunContext") -> None:
         from nemo_automodel.components.config.loader import ConfigNode
         from nemo_automodel.recipes.diffusion.train import TrainDiffusionRecipe

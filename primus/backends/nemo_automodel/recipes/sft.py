@@ -216,6 +216,12 @@ class AutoModelSFT(Recipe):
 
             check_against_spec(HFCheckpoint(source), plan.model, f"{prefix}.model.pretrained_model_name_or_path")
 
+    def resume_problem(self, plan: LLMPlan, resuming: bool) -> str | None:
+        """The model and optimizer reshard; the per-rank dataloader states do not (``resume.py``)."""
+        from primus.backends.nemo_automodel.resume import data_position_problem
+
+        return data_position_problem(plan.engine_config, "distributed", plan.world_size, resuming)
+
     def prepare(self, plan: LLMPlan, log: Callable[[str], None]) -> list:
         root = tiny_assets_dir(plan.module.params)
         if root is not None:
