@@ -125,7 +125,7 @@ AUTOMODEL_COMPARED = (
     "fsdp.fsdp2_forward_prefetch_depth", "fsdp.fsdp2_backward_prefetch_depth",
     # the run
     "seed", "dist_env.timeout_minutes", "performance.check_loss", "performance.grad_clip_foreach",
-    "checkpoint.enabled", "checkpoint.model_save_format", "checkpoint.save_consolidated",
+    "checkpoint.enabled", "checkpoint.checkpoint_dir", "checkpoint.model_save_format", "checkpoint.save_consolidated",
     "checkpoint.diffusers_compatible", "checkpoint.restore_from", "wandb",
 )
 _ENV = re.compile(r"\$\{([^:{}]+)(?::([^}]*))?}")

@@ -29,7 +29,7 @@ SHARED = frozenset({
     "sft_conversation_format",
     "model.converters", "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",  # TorchTitan
     "float8.*", "mx.*",
-    "model.mode", "wandb.enable",  # AutoModel
+    "model.mode", "wandb.enable", "checkpoint.checkpoint_dir",  # AutoModel
 })
 
 

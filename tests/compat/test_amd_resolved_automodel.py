@@ -22,9 +22,8 @@ from tests.compat.amd_resolution import (AMD_MIRROR, AUTOMODEL_TABLE, CHECKOUT, 
 pytest.importorskip("nemo_automodel")  # the plan checks every key against AutoModel 0.7.0
 
 # Where Primus runs something else, and says so in a differs: line (docs/compat.md, "Key by key against AMD
-# Primus's own resolution"): none. Not compared: checkpoint.checkpoint_dir, where the run writes (Primus keeps
-# checkpoints in the run dir, said in a derived line), and step_scheduler.log_every, how often it logs.
-ANNOUNCED: dict[str, str] = {}
+# Primus's own resolution"): a checkpoint goes to the run dir, not to AMD's /checkpoints/... path.
+ANNOUNCED = {"checkpoint.checkpoint_dir": "differs: checkpoint.checkpoint_dir="}
 
 
 def _compare(root: Path, key: str, row: list) -> list[str]:
@@ -32,7 +31,12 @@ def _compare(root: Path, key: str, row: list) -> list[str]:
     keys = amd_table(AUTOMODEL_TABLE)["keys"]
     with contextlib.redirect_stdout(io.StringIO()):
         values, lines, _ = primus_arguments(root / path, keys)
-    return unexplained(f"{path}:{module}", keys, row, values[module], lines[module], ANNOUNCED)
+    enabled = dict(zip(keys, row))["checkpoint.enabled"]
+
+    def same_run(name, amd, ours):  # with checkpoints off no directory is written, AMD's or the run dir
+        return name == "checkpoint.checkpoint_dir" and enabled is False
+
+    return unexplained(f"{path}:{module}", keys, row, values[module], lines[module], ANNOUNCED, same_run)
 
 
 def _rows(root: Path) -> list[tuple[str, list]]:
@@ -46,7 +50,7 @@ FIXTURE_ROWS = _rows(FIXTURES)
 def test_the_fixtures_are_every_amd_automodel_example():
     assert len(FIXTURE_ROWS) == len(amd_table(AUTOMODEL_TABLE)["rows"]) == 4
     keys = amd_table(AUTOMODEL_TABLE)["keys"]
-    assert len(keys) == 61
+    assert len(keys) == 62
     # the settings the issue named, as AMD Primus resolves them for its pretrain file
     row = dict(zip(keys, amd_table(AUTOMODEL_TABLE)["rows"][
         "examples/nemo_automodel/configs/MI355X/diffusion/wan2_2_t2v_a14b-pretrain.yaml:pre_trainer"]))
@@ -59,6 +63,18 @@ def test_the_fixtures_are_every_amd_automodel_example():
 @pytest.mark.parametrize("key, row", FIXTURE_ROWS, ids=[key.split("/")[-1] for key, _ in FIXTURE_ROWS])
 def test_primus_trains_what_amd_primus_trains(key, row):
     assert _compare(FIXTURES, key, row) == []
+
+
+def test_the_finetune_checkpoint_dir_is_said_once():
+    """AMD's finetune file saves to /checkpoints/wan22_finetune_high; here to the run dir, in one differs: line."""
+    from primus.compat.differs import lines_for
+    from primus.launch.experiment import resolve
+
+    path = FIXTURES / "examples/nemo_automodel/configs/MI355X/diffusion/wan2_2_t2v_a14b-finetune.yaml"
+    lines = lines_for(resolve(path, []).modules["pre_trainer"])
+    assert lines == ["differs: checkpoint.checkpoint_dir=/checkpoints/wan22_finetune_high → checkpoint.checkpoint_dir="
+                     "{run dir}/checkpoints runs (Primus keeps a run's checkpoints in its run dir: "
+                     "{workspace}/{work_group}/{user_name}/{exp_name}/checkpoints)"]
 
 
 def test_the_amd_files_are_in_amd_format_and_primus_files_are_not():
