@@ -212,6 +212,8 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
         params: dict[str, Any] = {}
         prefix = f"modules.{name}"
         stage_explicit = bool(provenance.chain(f"{prefix}.stage"))  # before params share the key's namespace
+        # the files' own stage: (a command-line one does not change the format the files are written in)
+        stage_written = any(src.label != "command line" for src in provenance.chain(f"{prefix}.stage"))
         if backend_defaults is not None:
             defaults = backend_defaults(module.framework, module.stage,
                                         provenance.describe(f"{prefix}.framework"),
@@ -219,7 +221,7 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
             merge_layer(params, Layer("backend defaults", defaults,
                                       {}, {}), provenance, prefix=prefix)
         own_format = dialect is not None and dialect.owns(module.framework, module.overrides, model=module.model,
-                                                          stage_explicit=stage_explicit)
+                                                          stage_explicit=stage_written)
         for layer in _preset_layers(name, module, source.resolve().parent, provenance, dialect, own_format):
             merge_layer(params, layer, provenance, prefix=prefix)
         merge_layer(params, _overrides_as_layer(name, module, provenance), provenance, prefix=prefix)

@@ -113,3 +113,13 @@ def test_the_automodel_table_is_a_fresh_generation():
                              str(AMD_MIRROR), "--framework", "nemo_automodel", "--check", "--out-automodel",
                              str(AUTOMODEL_TABLE)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_a_stage_on_the_command_line_keeps_amd_primus_format():
+    """The format is the files': AMD's pretrain file with stage=pretrain on the command line still trains AMD's values."""
+    from primus.launch.experiment import resolve
+
+    path = FIXTURES / "examples/nemo_automodel/configs/MI355X/diffusion/wan2_2_t2v_a14b-pretrain.yaml"
+    params = resolve(path, ["modules.pre_trainer.stage=pretrain"]).modules["pre_trainer"].params
+    assert params["optimizer"]["lr"] == 5e-5 and params["model"]["attention_backend"] == "aiter"
+
