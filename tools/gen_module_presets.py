@@ -329,7 +329,9 @@ def render_automodel(name: str, amd: dict[str, Any], chain: list[str], commit: s
     ]
     if stage:
         lines.append(f"# model.mode: {stage[0].value} is the module's stage (Primus sets model.mode from the stage)")
-    return "\n".join(_wrap([*_head("nemo_automodel", name, chain, commit, source_dir), *lines])) + "\n" + \
+    head = _head("nemo_automodel", name, chain, commit, source_dir)
+    head = [f"{head[0]} {head[1][2:]}", *head[2:]]  # one sentence, wrapped once
+    return "\n".join(_wrap([*head, *lines])) + "\n" + \
         yaml.safe_dump(params, sort_keys=False, default_flow_style=None, width=120)
 
 
