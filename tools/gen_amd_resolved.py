@@ -27,12 +27,23 @@ of keys: ``data`` is ``mock`` when ``training.mock_data`` is true (its ``mock_hf
 ``activation_checkpoint`` is the mode, with ``selective_ac_option`` beside ``selective`` (``op``: per-op;
 a number: every n-th layer).
 
-    python tools/gen_amd_resolved.py [--framework megatron|torchtitan] [--git-dir AMD_PRIMUS_GIT_DIR]
+For every ``examples/nemo_automodel/configs/MI*/**/*.yaml`` (AMD Primus's Wan 2.2 A14B files) the same merge
+(1-4) gives the tree AMD Primus hands NeMo AutoModel (its ``strip_primus_keys``, then AutoModel's own loader,
+whose ``ConfigNode`` reads ``5e-5`` as a number); the table keeps ``AUTOMODEL_COMPARED`` in AMD's names, as
+AutoModel at the commit AMD Primus pins (``third_party/Automodel``, named in the table) reads them: the
+model and the expert trained, the optimiser and its schedule, batch and length, the data loader, flow matching,
+the layout, precision, recomputation and compile, the run's switches. ``wandb`` is whether a W&B run starts
+(AutoModel drops the block on ``wandb.enable: false``); ``model.pipeline_spec.*`` is null in finetune mode,
+where AutoModel loads pretrained weights and does not read it. ``tests/compat/amd_resolved_automodel.json``,
+compared by ``tests/compat/test_amd_resolved_automodel.py``.
+
+    python tools/gen_amd_resolved.py [--framework megatron|torchtitan|nemo_automodel] [--git-dir AMD_PRIMUS_GIT_DIR]
                                      [--commit fd1eeab] [--check]
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import json
 import os
@@ -85,6 +96,37 @@ TORCHTITAN_COMPARED = (
     "parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
     "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
     "parallelism.context_parallel_degree", "parallelism.expert_parallel_degree", "checkpoint.enable",
+)
+AUTOMODEL_OUT = REPO / "tests" / "compat" / "amd_resolved_automodel.json"
+AUTOMODEL_EXAMPLES = re.compile(r"^examples/nemo_automodel/configs/MI[0-9A-Z]+/.+\.yaml$")
+AUTOMODEL_COMPARED = (
+    # the model and the expert trained
+    "model.pretrained_model_name_or_path", "model.mode", "model.stage", "model.boundary_ratio",
+    "model.attention_backend", "model.torch_dtype", "model.compute_dtype", "model.pipeline_spec.transformer_cls",
+    "model.pipeline_spec.subfolder",
+    # optimiser and schedule
+    "optim.learning_rate", "optim.optimizer._target_", "optim.optimizer.weight_decay", "optim.optimizer.betas",
+    "optim.optimizer.foreach", "optim.optimizer.fused", "lr_scheduler.lr_decay_style", "lr_scheduler.lr_warmup_steps",
+    "lr_scheduler.min_lr",
+    # batch and length
+    "step_scheduler.global_batch_size", "step_scheduler.local_batch_size", "step_scheduler.max_steps",
+    "step_scheduler.num_epochs", "step_scheduler.ckpt_every_steps",
+    # the data loader
+    "data.dataloader._target_", "data.dataloader.cache_dir", "data.dataloader.model_type",
+    "data.dataloader.base_resolution", "data.dataloader.dynamic_batch_size", "data.dataloader.shuffle",
+    "data.dataloader.drop_last", "data.dataloader.num_workers",
+    # flow matching
+    "flow_matching.adapter_type", "flow_matching.timestep_sampling", "flow_matching.logit_mean",
+    "flow_matching.logit_std", "flow_matching.flow_shift", "flow_matching.mix_uniform_ratio",
+    "flow_matching.num_train_timesteps", "flow_matching.i2v_prob", "flow_matching.use_loss_weighting",
+    # layout, precision, recomputation, compile
+    "fsdp.tp_size", "fsdp.cp_size", "fsdp.pp_size", "fsdp.dp_replicate_size", "fsdp.activation_checkpointing",
+    "fsdp.reduce_dtype", "fsdp.enable_compile", "fsdp.defer_fsdp_grad_sync", "fsdp.enable_fsdp2_prefetch",
+    "fsdp.fsdp2_forward_prefetch_depth", "fsdp.fsdp2_backward_prefetch_depth",
+    # the run
+    "seed", "dist_env.timeout_minutes", "performance.check_loss", "performance.grad_clip_foreach",
+    "checkpoint.enabled", "checkpoint.checkpoint_dir", "checkpoint.model_save_format", "checkpoint.save_consolidated",
+    "checkpoint.diffusers_compatible", "checkpoint.restore_from", "wandb",
 )
 _ENV = re.compile(r"\$\{([^:{}]+)(?::([^}]*))?}")
 
@@ -177,6 +219,42 @@ def torchtitan_value(settings: dict[str, Any], key: str, path: str) -> Any:
     return at(key)
 
 
+def resolve_automodel(git_dir: str, commit: str, path: str) -> dict[str, dict[str, Any]]:
+    """{module name: the AutoModel settings AMD Primus hands AutoModel, AUTOMODEL_COMPARED only}."""
+    return {name: {key: automodel_value(merged, key, path) for key in AUTOMODEL_COMPARED}
+            for name, merged in amd_modules(git_dir, commit, path, "nemo_automodel")}
+
+
+def automodel_value(settings: dict[str, Any], key: str, path: str) -> Any:
+    """One column, as AutoModel's loader reads it (``translate_value``: ``5e-5`` is a float)."""
+    def at(dotted: str) -> Any:
+        node: Any = settings
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:  # AMD's presets set every column
+                raise SystemExit(f"gen_amd_resolved: {path}: {dotted} is not set")
+            node = node[part]
+        return _as_read(node)
+
+    if key == "wandb":  # _arg_parser._resolve_wandb_enable: the block is dropped on enable: false
+        block = settings.get("wandb")
+        return isinstance(block, dict) and block.get("enable", True) is not False
+    if key.startswith("model.pipeline_spec.") and str(at("model.mode")).lower() == "finetune":
+        return None  # build_diffusion_pipeline reads pipeline_spec only to build a random-init expert
+    return at(key)
+
+
+def _as_read(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_as_read(v) for v in value]
+    if isinstance(value, str):
+        try:
+            read = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+        return read if isinstance(read, (int, float)) and not isinstance(read, bool) else value
+    return value
+
+
 def megatron_lm_rules(args: dict[str, Any]) -> dict[str, Any]:
     """The values Megatron-LM d3528a2's ``validate_args`` (megatron/training/arguments.py) derives among
     ``COMPARED``: an unset FFN width, head width or expert width, sequence parallelism at TP 1."""
@@ -225,6 +303,19 @@ def generate_torchtitan(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COM
             "generator": "tools/gen_amd_resolved.py", "keys": list(TORCHTITAN_COMPARED), "rows": rows}
 
 
+def generate_automodel(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dict[str, Any]:
+    commit = git(git_dir, "rev-parse", commit).strip()
+    files = sorted(p for p in git(git_dir, "ls-tree", "-r", "--name-only", commit, "examples/nemo_automodel").split()
+                   if AUTOMODEL_EXAMPLES.match(p))
+    pinned = git(git_dir, "ls-tree", commit, "third_party/Automodel").split()[2]
+    rows = {}
+    for path in files:
+        for name, values in resolve_automodel(git_dir, commit, path).items():
+            rows[f"{path}:{name}"] = [values[key] for key in AUTOMODEL_COMPARED]
+    return {"source": f"{SOURCE_REPO}@{commit}", "automodel": f"NVIDIA-NeMo/Automodel@{pinned} (AMD Primus's pin)",
+            "generator": "tools/gen_amd_resolved.py", "keys": list(AUTOMODEL_COMPARED), "rows": rows}
+
+
 def dump(table: dict[str, Any]) -> str:
     """One row per line: reviewable diffs, a small file."""
     head = {k: v for k, v in table.items() if k != "rows"}
@@ -240,11 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", default=SOURCE_COMMIT)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--out-torchtitan", type=Path, default=TORCHTITAN_OUT)
-    parser.add_argument("--framework", choices=("megatron", "torchtitan"), action="append",
-                        help="generate this framework's table only (repeatable; default: both)")
+    parser.add_argument("--out-automodel", type=Path, default=AUTOMODEL_OUT)
+    parser.add_argument("--framework", choices=("megatron", "torchtitan", "nemo_automodel"), action="append",
+                        help="generate this framework's table only (repeatable; default: all)")
     parser.add_argument("--check", action="store_true", help="compare with the tables; exit 1 on a difference")
     args = parser.parse_args(argv)
-    tables = {"megatron": (generate, args.out), "torchtitan": (generate_torchtitan, args.out_torchtitan)}
+    tables = {"megatron": (generate, args.out), "torchtitan": (generate_torchtitan, args.out_torchtitan),
+              "nemo_automodel": (generate_automodel, args.out_automodel)}
     stale = []
     for framework in args.framework or list(tables):
         make, out = tables[framework]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from primus.compat import common
-from primus.compat.dialect import amd_marker, unread_lines, unread_top_level
+from primus.compat.dialect import amd_marker, amd_shape, unread_lines, unread_top_level
 from primus.compat.families import framework_reason, model_reason
 from primus.compat.rules import Translation
 from primus.compat.tables import TABLES
@@ -66,9 +66,12 @@ class AmdPrimus:
     def unknown_model(self, framework: str, model: str) -> str | None:
         return model_reason(framework, model)
 
-    def owns(self, framework: str, overrides: dict[str, Any] | None) -> bool:
-        """An AMD Primus-only key among the module's overrides (``dialect.amd_marker``)."""
-        return amd_marker(framework, overrides) is not None
+    def owns(self, framework: str, overrides: dict[str, Any] | None, *, model: str | None = None,
+             stage_explicit: bool = True) -> bool:
+        """An AMD Primus-only key among the module's overrides (``dialect.amd_marker``), or AMD Primus's module
+        shape (``dialect.amd_shape``: no ``stage:``, a model preset AMD Primus ships)."""
+        return (amd_marker(framework, overrides) is not None
+                or amd_shape(framework, model, stage_explicit) is not None)
 
     def unread_top_level(self, experiment: dict[str, Any], known: set[str]) -> dict[str, Any]:
         return unread_top_level(experiment, known)

@@ -7,6 +7,13 @@ does: an AMD Primus-only key among the module's ``overrides`` (``stderr_sink_lev
 spelling, ...): a key a compat table covers, less the keys both formats write (``SHARED``). Every AMD
 Primus example at fd1eeab for Megatron and TorchTitan carries one.
 
+AMD Primus's NeMo AutoModel pretraining files carry none (their overrides are batch sizes, the cache dir,
+activation checkpointing: AutoModel's own keys, Primus's too). What marks them is their shape: AMD Primus's
+module has no ``stage:`` key (AutoModel's ``model.mode`` picks pretrain or finetune), every Primus example
+writes one, and they name a model preset AMD Primus ships for that framework (generated into
+``primus/configs/models/<framework>/amd/``: AutoModel's ``wan2_2_t2v_a14b.yaml``). A module with both is
+read as AMD Primus's; a Primus Wan experiment that writes ``stage:`` keeps Primus's presets.
+
 A module in AMD Primus's format is resolved as AMD Primus resolves it: AMD's module presets
 (``primus/configs/modules/<framework>/amd/``), its module preset winning over its model preset (AMD
 Primus's ``merge_namespace(module_config, model_config, allow_override=False)``), and the keys AMD Primus
@@ -22,7 +29,7 @@ SHARED = frozenset({
     "sft_conversation_format",
     "model.converters", "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",  # TorchTitan
     "float8.*", "mx.*",
-    "model.mode", "wandb.enable",  # AutoModel
+    "model.mode", "wandb.enable", "checkpoint.checkpoint_dir",  # AutoModel
 })
 
 
@@ -37,6 +44,17 @@ def amd_marker(framework: str, overrides: dict[str, Any] | None) -> str | None:
         if rule.key not in SHARED:
             return dotted
     return None
+
+
+def amd_shape(framework: str, model: str | None, stage_explicit: bool) -> str | None:
+    """``modules.<m>.model`` when the module has AMD Primus's shape without an AMD-only key: no ``stage:``
+    written and a model preset AMD Primus ships (its generated copy under ``models/<framework>/amd/``)."""
+    from primus.config.presets import CONFIGS_ROOT
+
+    if stage_explicit or not model or "/" in model:
+        return None
+    name = model if model.endswith((".yaml", ".yml")) else f"{model}.yaml"
+    return "model" if (CONFIGS_ROOT / "models" / framework / "amd" / name).is_file() else None
 
 
 def unread_top_level(experiment: dict[str, Any], known: set[str]) -> dict[str, Any]:

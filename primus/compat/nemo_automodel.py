@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.compat import differs
 from primus.compat.rules import custom, rename, switch, table
 
 MIGRATION = "AutoModel's own migration (_REMOVED_KEY_MIGRATIONS, 0.7.0)"
@@ -39,6 +40,20 @@ def _wandb(value: Any, ctx, key: str) -> None:
                          f"for any wandb: block)")
 
 
+RUN_DIR = "{run dir}/checkpoints"
+
+
+def _checkpoint_dir(value: Any, ctx, key: str) -> None:
+    """AutoModel's own key, kept (the backend puts the run dir there, a ``derived`` line). In AMD Primus's format
+    a checkpoint AMD would write to ``value`` is written to the run dir: a ``differs:`` line; with checkpoints off
+    nothing is written, and nothing is said."""
+    ctx.params.setdefault("checkpoint", {})["checkpoint_dir"] = value
+    enabled = ctx.get("checkpoint.enabled", True)
+    if ctx.amd_format and value is not None and (enabled is True or str(enabled).lower() == "true"):
+        differs.record(ctx, key, value, key, RUN_DIR, "Primus keeps a run's checkpoints in its run dir: "
+                       "{workspace}/{work_group}/{user_name}/{exp_name}/checkpoints")
+
+
 RULES = table(
     custom("model.mode", "the stage", _mode),
     rename("optim.learning_rate", "optimizer.lr", MIGRATION),
@@ -46,4 +61,5 @@ RULES = table(
     rename("optim.clip_grad", "clip_grad_norm.max_norm", MIGRATION),
     rename("step_scheduler.log_every", "step_scheduler.log_remote_every_steps", MIGRATION),
     custom("wandb.enable", "AMD Primus's W&B switch", _wandb),
+    custom("checkpoint.checkpoint_dir", "where checkpoints go", _checkpoint_dir),
 )

@@ -38,10 +38,12 @@ class Dialect(Protocol):
     def unknown_model(self, framework: str, model: str) -> str | None:
         """Why a model preset of that name is not here (None: no reason known)."""
 
-    presets: str  # the folder of the dialect's own module presets, under ``modules/<framework>/``
+    presets: str  # the folder of the dialect's own presets, under ``modules/<framework>/`` and ``models/<framework>/``
 
-    def owns(self, framework: str, overrides: dict[str, Any] | None) -> bool:
-        """Is a module with these ``overrides`` written in the dialect's own format (resolved as it resolves)?"""
+    def owns(self, framework: str, overrides: dict[str, Any] | None, *, model: str | None = None,
+             stage_explicit: bool = True) -> bool:
+        """Is a module with these ``overrides`` (model preset ``model``, a ``stage:`` written or not) in the
+        dialect's own format (resolved as it resolves)?"""
 
     def unread_top_level(self, experiment: dict[str, Any], known: set[str]) -> dict[str, Any]:
         """Top-level keys the dialect's parser never reads, removed from ``experiment`` and returned."""
@@ -150,8 +152,9 @@ def _overrides_as_layer(name: str, spec: ModuleSpec, provenance: Provenance) -> 
 def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenance: Provenance,
                    dialect: Dialect | None, own_format: bool = False) -> list[Layer]:
     """The module preset's layers, then the model preset's (later wins). A module in the dialect's own
-    format (``own_format``) reads the dialect's module presets first (``modules/<framework>/<dialect.presets>/``)
-    and, as that project merges them, its module preset wins over its model preset."""
+    format (``own_format``) reads the dialect's presets first (``modules/<framework>/<dialect.presets>/``,
+    ``models/<framework>/<dialect.presets>/``) and, as that project merges them, its module preset wins over
+    its model preset."""
     module_layers: list[Layer] = []
     if module.config:
         folder = CONFIGS_ROOT / "modules" / module.framework
@@ -162,8 +165,8 @@ def _preset_layers(name: str, module: ModuleSpec, experiment_dir: Path, provenan
     layers: list[Layer] = []
     if module.model:
         try:
-            path = find_preset(module.model, [CONFIGS_ROOT / "models" / module.framework,
-                                              CONFIGS_ROOT / "models" / "common"],
+            folders = [CONFIGS_ROOT / "models" / module.framework, CONFIGS_ROOT / "models" / "common"]
+            path = find_preset(module.model, [folders[0] / dialect.presets, *folders] if own_format else folders,
                                relative_to=experiment_dir, what="model preset",
                                where=provenance.describe(f"modules.{name}.model"))
         except ConfigError:
@@ -209,13 +212,16 @@ def resolve_experiment(path: str | Path, cli_tokens: list[str] | None = None,
         params: dict[str, Any] = {}
         prefix = f"modules.{name}"
         stage_explicit = bool(provenance.chain(f"{prefix}.stage"))  # before params share the key's namespace
+        # the files' own stage: (a command-line one does not change the format the files are written in)
+        stage_written = any(src.label != "command line" for src in provenance.chain(f"{prefix}.stage"))
         if backend_defaults is not None:
             defaults = backend_defaults(module.framework, module.stage,
                                         provenance.describe(f"{prefix}.framework"),
                                         provenance.describe(f"{prefix}.stage"))
             merge_layer(params, Layer("backend defaults", defaults,
                                       {}, {}), provenance, prefix=prefix)
-        own_format = dialect is not None and dialect.owns(module.framework, module.overrides)
+        own_format = dialect is not None and dialect.owns(module.framework, module.overrides, model=module.model,
+                                                          stage_explicit=stage_written)
         for layer in _preset_layers(name, module, source.resolve().parent, provenance, dialect, own_format):
             merge_layer(params, layer, provenance, prefix=prefix)
         merge_layer(params, _overrides_as_layer(name, module, provenance), provenance, prefix=prefix)

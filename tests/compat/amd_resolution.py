@@ -1,5 +1,6 @@
 """Primus's resolved engine settings for an AMD Primus example, in the keys of tests/compat/amd_resolved.json
-(Megatron) and tests/compat/amd_resolved_torchtitan.json (TorchTitan)."""
+(Megatron), tests/compat/amd_resolved_torchtitan.json (TorchTitan) and tests/compat/amd_resolved_automodel.json
+(NeMo AutoModel)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,9 @@ CHECKOUT = os.environ.get("AMD_PRIMUS_CHECKOUT")
 AMD_MIRROR = Path(os.environ.get("AMD_PRIMUS_GIT_DIR", "/work/.mirror/AMD-AGI+Primus/repo"))
 TABLE = Path(__file__).with_name("amd_resolved.json")
 TORCHTITAN_TABLE = Path(__file__).with_name("amd_resolved_torchtitan.json")
+AUTOMODEL_TABLE = Path(__file__).with_name("amd_resolved_automodel.json")
+# The diffusion YAML keys AutoModel retired, and what 0.7.0 reads instead (its _REMOVED_KEY_MIGRATIONS)
+AUTOMODEL_RENAMED = {"optim.learning_rate": "optimizer.lr", "optim.optimizer.": "optimizer."}
 
 
 def amd_table(path: Path = TABLE) -> dict[str, Any]:
@@ -37,9 +41,12 @@ def primus_arguments(path: Path, keys: list[str]) -> tuple[dict[str, dict[str, A
     for name, module in resolved.modules.items():
         _, plan = plan_module(resolved, module, None, require_engine=False, target=target)
         args = plan.engine_config
-        values[name] = ({key: torchtitan_value(args, module.params, key) for key in keys}
-                        if module.framework == "torchtitan" else
-                        {key: _plain(getattr(args, key, None)) for key in keys})
+        if module.framework == "torchtitan":
+            values[name] = {key: torchtitan_value(args, module.params, key) for key in keys}
+        elif module.framework == "nemo_automodel":
+            values[name] = {key: automodel_value(args, key) for key in keys}
+        else:
+            values[name] = {key: _plain(getattr(args, key, None)) for key in keys}
         lines[name] = lines_for(module, args)
         stages[name] = module.stage
     return values, lines, stages
@@ -68,6 +75,23 @@ def torchtitan_value(cfg: Any, params: dict[str, Any], key: str) -> Any:
     for part in key.split("."):
         node = getattr(node, part)
     return _plain(node)
+
+
+def automodel_value(cfg: dict[str, Any], key: str) -> Any:
+    """One column of the AutoModel table, read from the dict Primus hands ``TrainDiffusionRecipe`` as its
+    ``ConfigNode`` reads a value (``translate_value``: ``5e-5`` a float; a ``_target_`` left a name): AMD's
+    retired names at 0.7.0's, ``wandb`` whether a run starts."""
+    from nemo_automodel.components.config.loader import translate_value
+
+    if key == "wandb":
+        return cfg.get("wandb") is not None
+    for old, new in AUTOMODEL_RENAMED.items():
+        if key.startswith(old):
+            key = new + key[len(old):]
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return [translate_value(v) for v in node] if isinstance(node, (list, tuple)) else translate_value(node)
 
 
 def _plain(value: Any) -> Any:

@@ -119,6 +119,8 @@ MAPPED = {
         "optim.clip_grad": (1.0, ("set", "clip_grad_norm.max_norm", 1.0)),
         "step_scheduler.log_every": (2, ("set", "step_scheduler.log_remote_every_steps", 2)),
         "wandb.enable": (False, ("drops", "wandb")),
+        # AutoModel's own key; in AMD Primus's format a checkpoint to be written elsewhere is said
+        "checkpoint.checkpoint_dir": ("/checkpoints/x", ("differs", "checkpoint.checkpoint_dir", "{run dir}/checkpoints")),
     },
 }
 # Keys of model families Primus's Megatron backend does not build: any value is refused at resolve.
@@ -304,3 +306,14 @@ def test_the_option_spellings_defaults_are_megatron_lms():
     from primus.compat.megatron import OPTION_DEFAULTS
 
     assert OPTION_DEFAULTS == {dest: megatron_lm_table()[dest].default for dest in OPTION_DEFAULTS}
+
+
+def test_a_primus_automodel_checkpoint_dir_is_kept_and_not_a_difference():
+    """Primus's own experiments may set checkpoint.checkpoint_dir: kept for the backend (its derived line), no
+    differs: line; nor in AMD Primus's format with checkpoints off (nothing is written)."""
+    ctx = CompatContext("pre_trainer", "nemo_automodel", {"checkpoint": {"checkpoint_dir": "/c"}}, "pretrain", False,
+                        {"logging": {}}, Provenance(), amd_format=False)
+    apply_rules(ctx, {**common.RULES, **ALL["nemo_automodel"]})
+    assert ctx.params == {"checkpoint": {"checkpoint_dir": "/c"}} and ctx.translations == []
+    ctx = translate("nemo_automodel", "checkpoint.checkpoint_dir", "/c", {"checkpoint": {"enabled": False}})
+    assert ctx.params["checkpoint"]["checkpoint_dir"] == "/c" and ctx.translations == []

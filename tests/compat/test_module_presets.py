@@ -75,12 +75,40 @@ def test_primus_torchtitan_module_preset_keeps_primus_defaults():
     assert pre["dataloader"] == {"dataset": "c4"}
 
 
+AUTOMODEL = CONFIGS_ROOT / "modules" / "nemo_automodel"
+AUTOMODEL_MODELS = CONFIGS_ROOT / "models" / "nemo_automodel"
+
+
+def test_amd_automodel_presets_say_what_amd_primus_says():
+    """AMD Primus's Wan 2.2 operating point (its pre_trainer.yaml and wan2_2_t2v_a14b.yaml), in 0.7.0's names."""
+    pre = merged(AUTOMODEL / "amd" / "pre_trainer.yaml")
+    assert pre["optimizer"] == {"lr": 5e-5, "_target_": "torch.optim.AdamW", "weight_decay": 0.1,
+                                "betas": [0.9, 0.95], "foreach": False, "fused": True}
+    assert pre["data"]["dataloader"]["base_resolution"] == [512, 512] and pre["flow_matching"]["i2v_prob"] == 0.3
+    assert pre["fsdp"]["activation_checkpointing"] is True
+    assert pre["lr_scheduler"] == {"lr_decay_style": "cosine", "lr_warmup_steps": 0, "min_lr": 1e-6}
+    assert "optim" not in pre and "wandb" not in pre and "trainable" not in pre  # AMD's spellings: none left
+    model = merged(AUTOMODEL_MODELS / "amd" / "wan2_2_t2v_a14b.yaml")["model"]
+    assert model["attention_backend"] == "aiter" and "mode" not in model  # model.mode is the stage here
+
+
+def test_primus_automodel_presets_keep_primus_defaults():
+    """Primus's own AutoModel experiments (tiny Wan, the A14B copies that write stage:) keep Primus's presets."""
+    pre = merged(AUTOMODEL / "pre_trainer.yaml")
+    assert pre["optimizer"]["lr"] == 1.0e-5 and pre["optimizer"]["betas"] == [0.9, 0.999]
+    assert pre["flow_matching"]["i2v_prob"] == 0.0 and pre["fsdp"]["activation_checkpointing"] is False
+    assert "lr_scheduler" not in pre
+    model = merged(AUTOMODEL_MODELS / "wan2_2_t2v_a14b.yaml")
+    assert model["data"]["dataloader"]["base_resolution"] == [832, 480]
+    assert model["model"]["pretrained_model_name_or_path"] == "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(not AMD_MIRROR.is_dir(), reason=f"AMD Primus mirror not available ({AMD_MIRROR})")
-@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan", "nemo_automodel"])
 def test_module_presets_are_a_fresh_generation(framework):
-    if framework == "torchtitan":
-        pytest.importorskip("torchtitan")  # the generator reads TorchTitan 0.3.0's defaults
+    if framework != "megatron":  # the generator reads TorchTitan 0.3.0's defaults, AutoModel 0.7.0's key lists
+        pytest.importorskip({"torchtitan": "torchtitan", "nemo_automodel": "nemo_automodel"}[framework])
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_module_presets.py"), "--git-dir",
                              str(AMD_MIRROR), "--framework", framework, "--check"], capture_output=True, text=True,
                             timeout=180)
