@@ -195,6 +195,17 @@ def amd_modules(git_dir: str, commit: str, path: str, framework: str):
         yield name, deep_merge(merged, module.get("overrides") or {})
 
 
+def setting(settings: dict[str, Any], dotted: str, path: str) -> Any:
+    """A dotted setting of a merged AMD module; AMD's presets set every compared column, so an absent one
+    means the generator no longer reads AMD's files as they are."""
+    node: Any = settings
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise SystemExit(f"gen_amd_resolved: {path}: {dotted} is not set")
+        node = node[part]
+    return node
+
+
 def resolve_torchtitan(git_dir: str, commit: str, path: str) -> dict[str, dict[str, Any]]:
     """{module name: the TorchTitan 0.2 settings AMD Primus's trainer reads, TORCHTITAN_COMPARED only}."""
     return {name: {key: torchtitan_value(merged, key, path) for key in TORCHTITAN_COMPARED}
@@ -204,12 +215,7 @@ def resolve_torchtitan(git_dir: str, commit: str, path: str) -> dict[str, dict[s
 def torchtitan_value(settings: dict[str, Any], key: str, path: str) -> Any:
     """One column: a setting, or what AMD Primus's code makes of two (``data``, ``activation_checkpoint``)."""
     def at(dotted: str) -> Any:
-        node: Any = settings
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:  # AMD's pre_trainer.yaml sets every column
-                raise SystemExit(f"gen_amd_resolved: {path}: {dotted} is not set")
-            node = node[part]
-        return node
+        return setting(settings, dotted, path)
 
     if key == "data":  # primus/backends/torchtitan/patches/mock_dataset_patches.py
         return "mock" if at("training.mock_data") else at("training.dataset")
@@ -228,12 +234,7 @@ def resolve_automodel(git_dir: str, commit: str, path: str) -> dict[str, dict[st
 def automodel_value(settings: dict[str, Any], key: str, path: str) -> Any:
     """One column, as AutoModel's loader reads it (``translate_value``: ``5e-5`` is a float)."""
     def at(dotted: str) -> Any:
-        node: Any = settings
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:  # AMD's presets set every column
-                raise SystemExit(f"gen_amd_resolved: {path}: {dotted} is not set")
-            node = node[part]
-        return _as_read(node)
+        return _as_read(setting(settings, dotted, path))
 
     if key == "wandb":  # _arg_parser._resolve_wandb_enable: the block is dropped on enable: false
         block = settings.get("wandb")
