@@ -181,10 +181,11 @@ class Patcher:
         self.applied.clear()
 
     def log(self, logger: logging.Logger, engine: str) -> None:
-        """One line per patch applied (name, why, the condition that held); a warning for a patch that the
-        condition calls for but the installed version is outside the range it was written against."""
+        """One debug line per patch applied (name, why, the condition that held: the rank's debug.log, not the
+        console); a warning for a patch that the condition calls for but the installed version is outside the
+        range it was written against."""
         for patch, reason in self.applied:
-            logger.info("%s patch applied: %s: %s [%s]", engine, patch.name, patch.why, reason)
+            logger.debug("%s patch applied: %s: %s [%s]", engine, patch.name, patch.why, reason)
         for patch, reason in self.skipped:
             needed = not patch.when.needs_run and patch.when.holds(self.where)
             if patch.installed() is not None and not patch.in_range() and needed:

@@ -32,7 +32,9 @@ def test_tp1_trains_and_reports_every_step(runs):
     # warmup runs iteration i at lr_warmup_init + lr * i / lr_warmup_iters, so 0, lr/2, lr
     assert [r["lr"] for r in records[:3]] == pytest.approx([0.0, 1.5e-3, 3e-3])
     log = (runs.root / "tp1" / "output.log").read_text()
-    assert "megatron patch applied: patch_current_device: " in log and "patch applied: patch_rng_tracker: " in log
+    debug = (runs.root / "tp1" / "logs" / "pre_trainer" / "rank-0" / "debug.log").read_text()
+    assert "megatron patch applied: patch_current_device: " in debug and "patch applied: patch_rng_tracker: " in debug
+    assert "patch applied" not in log  # the run's debug log, not the console
     assert "derived gradient_accumulation_steps=2" in log
     assert (runs.root / "tp1" / "checkpoints" / "iter_0000012").is_dir()  # saved at the end
 

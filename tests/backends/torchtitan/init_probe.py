@@ -12,14 +12,13 @@ import torch
 import torch.distributed as dist
 
 from primus.backends.torchtitan.patches import PATCHES
+from primus.runtime.patches import Where, apply_for_process
 
 
 def main() -> None:
     params_file, out = Path(sys.argv[1]), Path(sys.argv[2])
     without = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--without" else None
-    for patch in PATCHES:
-        if patch.name != without and patch.applies():
-            patch.apply()
+    apply_for_process([patch for patch in PATCHES if patch.name != without], Where.here(()))
 
     from primus.backends.torchtitan.recipes.pretrain import register_local_datasets, with_tiny_assets
     from primus.backends.torchtitan.config import build_trainer_config

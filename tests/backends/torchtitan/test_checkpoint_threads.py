@@ -16,9 +16,10 @@ SAVE_AND_LOAD = """
 import os, sys, time
 import torch, torch.distributed as dist
 from primus.backends.torchtitan import patches
-for patch in patches.PATCHES:   # every patch this host needs, with or without the one under test
-    if patch.applies() and (sys.argv[1] == "patched" or patch.name != "checkpoint_on_transient_group"):
-        patch.apply()
+from primus.runtime.patches import Where, apply_for_process
+# every patch this host needs, with or without the one under test
+apply_for_process([p for p in patches.PATCHES if sys.argv[1] == "patched" or p.name != "checkpoint_on_transient_group"],
+                  Where.here(()))
 import torchtitan.components.checkpointer.dcp as checkpointer
 
 torch.set_num_threads(2)
