@@ -292,27 +292,24 @@ def generate(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dic
             "generator": "tools/gen_amd_resolved.py", "keys": list(COMPARED), "rows": rows}
 
 
+def _rows(git_dir: str, commit: str, folder: str, pattern, resolver, keys) -> dict[str, list]:
+    """{"path:module": the compared values in ``keys`` order} for AMD's example files under ``folder``."""
+    files = sorted(p for p in git(git_dir, "ls-tree", "-r", "--name-only", commit, folder).split() if pattern.match(p))
+    return {f"{path}:{name}": [values[key] for key in keys]
+            for path in files for name, values in resolver(git_dir, commit, path).items()}
+
+
 def generate_torchtitan(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dict[str, Any]:
     commit = git(git_dir, "rev-parse", commit).strip()
-    files = sorted(p for p in git(git_dir, "ls-tree", "-r", "--name-only", commit, "examples/torchtitan").split()
-                   if TORCHTITAN_EXAMPLES.match(p))
-    rows = {}
-    for path in files:
-        for name, values in resolve_torchtitan(git_dir, commit, path).items():
-            rows[f"{path}:{name}"] = [values[key] for key in TORCHTITAN_COMPARED]
+    rows = _rows(git_dir, commit, "examples/torchtitan", TORCHTITAN_EXAMPLES, resolve_torchtitan, TORCHTITAN_COMPARED)
     return {"source": f"{SOURCE_REPO}@{commit}", "torchtitan": "TorchTitan 0.2 settings (AMD Primus's names)",
             "generator": "tools/gen_amd_resolved.py", "keys": list(TORCHTITAN_COMPARED), "rows": rows}
 
 
 def generate_automodel(git_dir: str = DEFAULT_GIT_DIR, commit: str = SOURCE_COMMIT) -> dict[str, Any]:
     commit = git(git_dir, "rev-parse", commit).strip()
-    files = sorted(p for p in git(git_dir, "ls-tree", "-r", "--name-only", commit, "examples/nemo_automodel").split()
-                   if AUTOMODEL_EXAMPLES.match(p))
     pinned = git(git_dir, "ls-tree", commit, "third_party/Automodel").split()[2]
-    rows = {}
-    for path in files:
-        for name, values in resolve_automodel(git_dir, commit, path).items():
-            rows[f"{path}:{name}"] = [values[key] for key in AUTOMODEL_COMPARED]
+    rows = _rows(git_dir, commit, "examples/nemo_automodel", AUTOMODEL_EXAMPLES, resolve_automodel, AUTOMODEL_COMPARED)
     return {"source": f"{SOURCE_REPO}@{commit}", "automodel": f"NVIDIA-NeMo/Automodel@{pinned} (AMD Primus's pin)",
             "generator": "tools/gen_amd_resolved.py", "keys": list(AUTOMODEL_COMPARED), "rows": rows}
 
