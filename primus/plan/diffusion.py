@@ -319,8 +319,18 @@ def format_wan_plan(plan: WanPlan) -> str:
     return "\n".join(lines)
 
 
+def known_name(name: str) -> str | None:
+    """The published model ``name`` is: its Hub id, or a snapshot folder named after it (AMD Primus's
+    ``/models/Wan2.2-T2V-A14B-Diffusers``, a cluster path absent on the host that plans)."""
+    if name in KNOWN_TRANSFORMERS:
+        return name
+    folder = name.rstrip("/").rsplit("/", 1)[-1]
+    return next((hub for hub in KNOWN_TRANSFORMERS if "/" in name and hub.rsplit("/", 1)[-1] == folder), None)
+
+
 def known_transformer(name: str) -> dict[str, Any] | None:
-    return KNOWN_TRANSFORMERS.get(name)
+    known = known_name(name)
+    return KNOWN_TRANSFORMERS[known] if known else None
 
 
 def unknown_model_error(where: str, name: str) -> ConfigError:

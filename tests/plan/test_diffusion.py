@@ -94,3 +94,14 @@ def test_bad_wan_layouts_are_named():
     assert any("does not equal the world size 8" in m for m in messages)
     assert any("global_batch_size (6)" in m for m in messages)
     assert any("4k+1 frames" in m for m in messages) and any("830x480" in m for m in messages)
+
+
+def test_a_snapshot_folder_named_after_a_published_model_plans_as_that_model():
+    """AMD Primus's Wan preset names its cluster's snapshot (/models/Wan2.2-T2V-A14B-Diffusers), absent here."""
+    from primus.plan.diffusion import known_name, known_transformer
+
+    hub = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
+    assert known_name("/models/Wan2.2-T2V-A14B-Diffusers/") == known_name(hub) == hub
+    assert known_transformer("/models/Wan2.2-T2V-A14B-Diffusers") == KNOWN_TRANSFORMERS[hub]
+    assert known_name("Wan2.2-T2V-A14B-Diffusers") is None  # a bare name is a Hub id, and not this one
+    assert known_name("/models/Wan2.1-T2V-1.3B-Diffusers") is None

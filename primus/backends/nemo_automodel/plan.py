@@ -18,8 +18,8 @@ from typing import Any
 
 from primus.backends.nemo_automodel.config import EXPERTS
 from primus.data.tiny_assets import tiny_assets_dir
-from primus.plan.diffusion import (EXPERTS as KNOWN_EXPERTS, ClipShape, DiffusionLayout, WanSpec, known_transformer,
-                                   unknown_model_error)
+from primus.plan.diffusion import (EXPERTS as KNOWN_EXPERTS, ClipShape, DiffusionLayout, WanSpec, known_name,
+                                   known_transformer, unknown_model_error)
 
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16"}
 
@@ -47,7 +47,7 @@ def wan_spec(params: dict[str, Any]) -> WanSpec:
         experts = sum((local / sub / "config.json").is_file() for sub in EXPERTS.values()) or 1
         return WanSpec.from_transformer_config(config, experts=experts, name=f"{local.name} ({expert})")
     if known_transformer(name):
-        return WanSpec.from_transformer_config(known_transformer(name), experts=KNOWN_EXPERTS.get(name, 1),
+        return WanSpec.from_transformer_config(known_transformer(name), experts=KNOWN_EXPERTS.get(known_name(name), 1),
                                                name=f"{name} ({expert})")
     if tiny_assets_dir(params):
         from primus.data.diffusion.tiny import TINY_TRANSFORMER
