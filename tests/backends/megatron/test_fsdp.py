@@ -27,8 +27,8 @@ def test_fsdp2_matches_data_parallel(runs):
     assert [r["step"] for r in fsdp2] == [1, 2, 3, 4]
     assert losses(fsdp2) == pytest.approx(losses(dp), rel=1e-5)
     assert losses(fsdp2)[-1] < losses(fsdp2)[0] - 0.5  # it learns
-    log = (runs.root / "fsdp2" / "output.log").read_text()
-    assert "patch_torch_fsdp2_cpu_mesh" in log
+    debug = (runs.root / "fsdp2" / "logs" / "pre_trainer" / "rank-0" / "debug.log").read_text()
+    assert "patch_torch_fsdp2_cpu_mesh" in debug  # applied patches are logged in the rank's debug.log
 
 
 def test_fsdp2_resumes_from_its_checkpoint_on_the_same_curve(runs):
