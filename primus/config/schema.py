@@ -131,6 +131,9 @@ class PrimusOptions(BaseModel):
     mlflow_run_name: str | None = None
     mlflow_experiment_name: str | None = None
     save_last_checkpoint: bool = Field(True, description="save a checkpoint at the last step (Megatron)")
+    sanitize_nan_grads: bool = Field(False, description="NaN/Inf gradient elements become 0 before the gradient "
+                                                        "check and reduction, said once per step (Megatron DDP; "
+                                                        "benchmarks only: it hides numerical bugs)")
     checkpoint: CheckpointOptions = Field(default_factory=CheckpointOptions)
     resume: Literal["auto", "always", "never"] | None = Field(
         None, description="resume policy when the command line names none (--resume / --no-resume)")

@@ -129,4 +129,15 @@ def _check_arguments(args, target: "Target") -> tuple[list[Refusal], list[Note]]
 
 def admit(plan: "EnginePlan", target: "Target") -> list[Refusal]:
     """The adapter's ``admit``: what the launch of ``plan`` on ``target`` would refuse."""
-    return check_arguments(plan.engine_config, target)[0]
+    return check_arguments(plan.engine_config, target)[0] + _sanitize_refusals(plan)
+
+
+def _sanitize_refusals(plan: "EnginePlan") -> list[Refusal]:
+    """``primus.sanitize_nan_grads`` cleans megatron-core's DDP gradient buckets (``option_patches.py``); with
+    FSDP there are none: the switch would do nothing, silently."""
+    args = plan.engine_config
+    fsdp = [dest for dest in ("use_torch_fsdp2", "use_megatron_fsdp") if getattr(args, dest, False)]
+    if not fsdp or not (plan.module.params.get("primus") or {}).get("sanitize_nan_grads"):
+        return []
+    return [Refusal("primus.sanitize_nan_grads", True, f"True cannot be honoured with {fsdp[0]} (it cleans "
+                                                       "megatron-core's DDP gradient buckets; FSDP has none)")]

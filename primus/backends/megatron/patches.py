@@ -1,8 +1,9 @@
-"""megatron-core's compatibility patches, one list: the CPU shims, then upstream bugs on every device.
+"""megatron-core's patches, one list: CPU shims, upstream bugs on every device, then what a run option asks for.
 
-The functions live in ``cpu_patches.py`` (CPU shims, device-independent fixes) and ``fsdp_patches.py``
-(PyTorch FSDP2); each docstring gives the upstream reason. A run applies the records through one
-``Patcher`` (``recipes/common.py``) and undoes them when it ends.
+The functions live in ``cpu_patches.py`` (CPU shims, device-independent fixes), ``fsdp_patches.py``
+(PyTorch FSDP2) and ``option_patches.py`` (run options); each docstring gives the reason. A run applies
+the records through one ``Patcher`` (``recipes/common.py``), for what its section uses (``params_uses``),
+and undoes them when it ends.
 """
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from packaging.specifiers import SpecifierSet
 
 from primus.backends.megatron import cpu_patches as cpu
 from primus.backends.megatron import fsdp_patches as fsdp
-from primus.runtime.patches import ALWAYS, NO_GPU, Condition, Patch, Where, apply_for_process
+from primus.backends.megatron import option_patches as option
+from primus.runtime.patches import ALWAYS, NO_GPU, Condition, Patch, Where, apply_for_process, uses
 
 ENGINE = "megatron"
 # Verified against megatron-core 0.16.1; the hard-coded CUDA sites are the same across 0.16.x.
 MEGATRON_CORE = SpecifierSet(">=0.16.0,<0.17")
+SANITIZE_NAN_GRADS = uses("sanitize_nan_grads", "the run sets primus.sanitize_nan_grads (AMD Primus: "
+                                                "sft_sanitize_nan_grads)")
 
 
 def _patch(function, why: str, when: Condition) -> Patch:
@@ -52,12 +56,15 @@ PATCHES = [
            "ids", ALWAYS),
     _patch(fsdp.patch_fsdp2_swiglu_checkpoint_layout, "FSDP2 saves SwiGLU's linear_fc1 rows in the wrong place "
            "(fixed upstream, Megatron-LM#5714)", ALWAYS),
+    _patch(option.sanitize_nan_grads, "NaN/Inf gradient elements become 0 before megatron-core's grad check and "
+           "DP reduction", SANITIZE_NAN_GRADS),
 ]
 
 
 def params_uses(params: dict[str, Any]) -> frozenset[str]:
-    """No Megatron patch depends on what the run uses."""
-    return frozenset()
+    """What a run's module section asks of the patches: ``sanitize_nan_grads`` when ``primus.sanitize_nan_grads``
+    is on (the run's ``Patcher`` and ``primus patches EXP`` read it alike)."""
+    return frozenset({"sanitize_nan_grads"}) if (params.get("primus") or {}).get("sanitize_nan_grads") else frozenset()
 
 
 def apply_patches(gpu: bool | None = None) -> list[str]:

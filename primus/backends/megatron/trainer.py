@@ -326,6 +326,7 @@ class MegatronTrainer:
         lr = self.optimizer.param_groups[0]["lr"]
         with self.ctx.phase("compute"):
             losses = self._forward_backward(self.train_ds, self.consumed, forward_only=False)
+        self._say_sanitized()
         loss = _global_loss(losses, self.device)
         if self.ctx.stop_on_non_finite_loss and not math.isfinite(loss):
             return loss, None, lr, {}
@@ -335,6 +336,14 @@ class MegatronTrainer:
                 self.scheduler.step(increment=self.gbs)
         extra = aux_loss_metrics(self.config, self.num_microbatches)
         return loss, (float(grad_norm) if grad_norm is not None else None), lr, extra
+
+    def _say_sanitized(self) -> None:
+        """``primus.sanitize_nan_grads`` changed this step's update: one warning on each rank where it did."""
+        from primus.backends.megatron.option_patches import take_sanitized
+
+        if count := take_sanitized():
+            self.ctx.logger.warning("step %d: %d NaN/Inf gradient elements on rank %d set to 0 before the gradient "
+                                    "reduction (primus.sanitize_nan_grads)", self.iteration + 1, count, self.ctx.rank)
 
     def evaluate(self) -> float:
         with self.ctx.phase("eval"):

@@ -165,12 +165,13 @@ class MegatronRecipe(Recipe):
         return []
 
     def run(self, plan: MegatronPlan, ctx: "RunContext") -> None:
-        from primus.backends.megatron.patches import ENGINE, PATCHES
+        from primus.backends.megatron.patches import ENGINE, PATCHES, params_uses
         from primus.runtime.patches import Patcher, Where
 
         self.adapter.require_installed()
         plan.log_derived(ctx)
-        with Patcher(PATCHES, Where(ctx.device.startswith("cuda"), ctx.device, frozenset())) as patcher:
+        where = Where(ctx.device.startswith("cuda"), ctx.device, params_uses(plan.module.params))
+        with Patcher(PATCHES, where) as patcher:
             patcher.log(ctx.logger, ENGINE)
             from primus.backends.megatron.trainer import train
 
