@@ -302,7 +302,8 @@ RULES = table(
     inert("lb_mini_cost_model", "read only with enable_odc_lb_mini"),
     inert("enable_fused_linear_ce", "AMD Primus chunked cross-entropy (same math); the full-logits loss runs"),
     inert("sft_bridge_compat_inline_bos", "Megatron-Bridge byte-parity mode of AMD Primus's SFT data"),
-    unsupported("sft_sanitize_nan_grads", "zeroing NaN gradients changes the update (Primus stops on a NaN)"),
+    rename("sft_sanitize_nan_grads", "primus.sanitize_nan_grads", "NaN/Inf gradient elements become 0 before "
+           "megatron-core's gradient check and reduction (AMD Primus's benchmark switch)", convert=switch),
     custom("lora", "LoRA adapters", _lora),
     # -- model keys of AMD Primus's own layers (primus_megatron_model.yaml) --------------------
     inert("disable_primus_topk_router", "megatron-core's top-k router runs here"),

@@ -45,6 +45,7 @@ MAPPED = {
         "mlflow_experiment_name": ("e", ("set", "primus.mlflow_experiment_name", "e")),
         "auto_continue_train": (True, ("set", "primus.resume", "always")),
         "disable_last_saving": (True, ("set", "primus.save_last_checkpoint", False)),
+        "sft_sanitize_nan_grads": (True, ("set", "primus.sanitize_nan_grads", True)),
         "fully_parallel_save": (False, ("set", "ckpt_fully_parallel_save", False)),
         "virtual_pipeline_model_parallel_size": (2, ("set", "num_virtual_stages_per_pipeline_rank", 2)),
         "tokenizer_type": ("Llama3Tokenizer", ("set", "tokenizer_type", "HuggingFaceTokenizer")),
@@ -62,7 +63,7 @@ MAPPED = {
         "torch_compile": ({"enable": True, "backend": "inductor"}, ("kernel",)),
         **{key: (True, ("run",)) for key in (
             "enable_turbo_attention_float8", "mxfp4_gradient_stochastic_rounding",
-            "weight_deosc", "enable_odc", "moe_extended_tp", "sft_sanitize_nan_grads")},
+            "weight_deosc", "enable_odc", "moe_extended_tp")},
         "use_sink_attention": (True, ("set", "softmax_type", "learnable")),
         "sink_sliding_window": (128, ("run",)),
         "decoder_pipeline_manual_split_list": ([8, 8, 8, 8], ("run",)),
