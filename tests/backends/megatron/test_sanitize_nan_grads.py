@@ -136,3 +136,20 @@ def test_with_fsdp_the_switch_is_refused_in_one_line():
     assert result.returncode == 2 and len(lines) == 1
     assert "modules.pre_trainer.primus.sanitize_nan_grads: True cannot be honoured with use_torch_fsdp2" in lines[0]
     assert cli_in_process("config", "validate", _example(), "primus.sanitize_nan_grads=true").returncode == 0
+
+
+STEPS = 3  # the `runs` fixture's train_iters
+
+
+@pytest.mark.e2e
+def test_a_run_with_the_switch_applies_the_patch_and_trains_as_without_it(runs):
+    """Through the real worker: the run's Patcher applies it (debug.log), and finite gradients are left as they are."""
+    plain = runs("plain", 1)
+    sanitized = runs("sanitized", 1, primus={"sanitize_nan_grads": True})
+    assert [r["loss"] for r in sanitized] == [r["loss"] for r in plain]
+    assert [r["grad_norm"] for r in sanitized] == [r["grad_norm"] for r in plain]
+    debug = (runs.root / "sanitized" / "logs" / "pre_trainer" / "rank-0" / "debug.log").read_text()
+    assert "megatron patch applied: sanitize_nan_grads: " in debug
+    plain_debug = (runs.root / "plain" / "logs" / "pre_trainer" / "rank-0" / "debug.log").read_text()
+    assert "megatron patch not applied: sanitize_nan_grads: not needed" in plain_debug
+    assert "NaN/Inf gradient elements" not in (runs.root / "sanitized" / "output.log").read_text()
