@@ -27,6 +27,7 @@ def sanitize_nan_grads(swap: Swaps = PERMANENT) -> None:
     from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
 
     original = _ParamAndGradBucketGroup.start_grad_sync
+    _pending.clear()  # a run in this process before (a test) may have stopped mid-step
 
     def start_grad_sync(self, *args, **kwargs):
         if not (self.is_first_batch and self.grad_reduce_handle is not None):  # upstream's own early return
