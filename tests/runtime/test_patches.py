@@ -19,7 +19,7 @@ CPU_ONLY = {
     "megatron": {"patch_current_device", "patch_rng_tracker", "patch_recompute_rng", "patch_cuda_device_arguments",
                  "patch_param_type_checks", "patch_moe_router_gemm_name",
                  "patch_alltoall_dispatcher_without_cuda_streams", "patch_cpu_expert_init_across_ep_ranks",
-                 "patch_torch_fsdp2_cpu_mesh"},
+                 "patch_torch_fsdp2_cpu_mesh", "patch_lazy_fusion_compile", "patch_checkpoint_results_queue_by_fork"},
     "nemo_automodel": {"llm_recipe_on_cpu", "checkpoint_on_transient_group"},
 }
 EVERY_PART = frozenset({"float8", "llama4", "llm", "diffusion", "sanitize_nan_grads"})

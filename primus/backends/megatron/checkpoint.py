@@ -242,10 +242,8 @@ def save_checkpoint(root: Path, chunks, optimizer, scheduler, args, *, iteration
 
 
 def _save_strategy(args):
-    """megatron-core's torch_dist writer with ``dist_ckpt_workers`` writers per rank (Megatron-LM's argument,
-    default 1), as Megatron Bridge builds it. The strategy's own default of 2 starts a spawned
-    multiprocessing Manager on the first save, which re-imports the launcher (about 3 s on a CPU host) for
-    a queue that one writer does not need."""
+    """megatron-core's torch_dist writer with ``dist_ckpt_workers`` writer processes per rank (Megatron-LM's
+    argument, default 1), as Megatron Bridge builds it; the strategy's own default is 2."""
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 
     strategy = get_default_save_sharded_strategy("torch_dist")

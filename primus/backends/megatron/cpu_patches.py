@@ -255,6 +255,31 @@ def patch_torch_fsdp2_cpu_mesh(swap: Swaps = PERMANENT) -> None:
     swap.set(fsdp2, "DeviceMesh", CpuDeviceMesh)
 
 
+def patch_checkpoint_results_queue_by_fork(swap: Swaps = PERMANENT) -> None:
+    """megatron-core's torch_dist writer reports its results through a forked multiprocessing Manager,
+    not a spawned one.
+
+    Why: ``filesystem_async._get_write_results_queue`` starts a Manager with the spawn method on a
+    rank's first save. That fresh interpreter imports torch and torch.distributed.checkpoint to
+    unpickle the first write results it is handed: about 4 s per rank on a CPU host, longer than
+    a tiny run's training. A Manager forked from the rank has them already; megatron-core forks its
+    writer processes the same way (``write_preloaded_data_multiproc``). One queue per process, as
+    upstream keeps it.
+    """
+    import multiprocessing
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    queues = []
+
+    def results_queue():
+        if not queues:
+            queues.append(multiprocessing.get_context("fork").Manager().Queue())
+        return queues[0]
+
+    swap.set(filesystem_async, "_get_write_results_queue", results_queue)
+
+
 def patch_identity_reduce_for_single_rank_groups(swap: Swaps = PERMANENT) -> None:
     """A tensor-parallel all-reduce over a one-rank group returns its input outside autograd.Function.
 

@@ -13,6 +13,7 @@ from packaging.specifiers import SpecifierSet
 
 from primus.backends.megatron import cpu_patches as cpu
 from primus.backends.megatron import fsdp_patches as fsdp
+from primus.backends.megatron import lazy_fusions
 from primus.backends.megatron import option_patches as option
 from primus.runtime.patches import ALWAYS, NO_GPU, Condition, Patch, Where, apply_for_process, uses
 
@@ -27,7 +28,13 @@ def _patch(function, why: str, when: Condition) -> Patch:
     return Patch(function.__name__, why, "megatron-core", MEGATRON_CORE, when, function)
 
 
+# Acts when megatron-core is first imported (``lazy_fusions``), so it is named here and decided there.
+LAZY_FUSION_COMPILE = Patch("patch_lazy_fusion_compile", "megatron-core's jit_fuser imports TorchDynamo and "
+                            "Inductor at import (about 2.5 s of CPU per process); compile on first call",
+                            "megatron-core", MEGATRON_CORE, NO_GPU, lazy_fusions.install)
+
 PATCHES = [
+    LAZY_FUSION_COMPILE,
     _patch(cpu.patch_current_device, "megatron-core allocates on torch.cuda.current_device()", NO_GPU),
     _patch(cpu.patch_rng_tracker, "the TP/DP RNG streams live in CUDA generators", NO_GPU),
     _patch(cpu.patch_recompute_rng, "activation recompute saves and restores the CUDA RNG state", NO_GPU),
@@ -41,6 +48,8 @@ PATCHES = [
     _patch(cpu.patch_cpu_expert_init_across_ep_ranks, "CPU initialisation gives every EP rank the same experts",
            NO_GPU),
     _patch(cpu.patch_torch_fsdp2_cpu_mesh, "megatron-core's FSDP2 wrapper builds a 'cuda' device mesh", NO_GPU),
+    _patch(cpu.patch_checkpoint_results_queue_by_fork, "the torch_dist writer's results queue lives in a spawned "
+           "Manager that imports torch on a rank's first save (about 4 s)", NO_GPU),
     _patch(cpu.patch_identity_reduce_for_single_rank_groups, "a one-rank TP all-reduce returns a view that MoE "
            "bias experts modify in place", ALWAYS),
     _patch(cpu.patch_local_attention_mla_head_dims, "the local DotProductAttention rejects MLA's k/v_channels",

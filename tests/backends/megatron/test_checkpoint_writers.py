@@ -1,8 +1,6 @@
-"""The torch_dist writer count comes from Megatron-LM's ``dist_ckpt_workers`` (default 1).
-
-megatron-core's strategy defaults to two writers, and two writers make its first save start a spawned
-multiprocessing Manager for their results queue: about 3 s of a tiny CPU run's 14 s (the launcher
-re-imported). One writer writes in the rank's own process.
+"""The torch_dist writer count comes from Megatron-LM's ``dist_ckpt_workers`` (default 1; megatron-core's
+strategy defaults to two). Each writer is a process megatron-core forks per save; the first save's results
+queue is ``patch_checkpoint_results_queue_by_fork``'s (test_startup_patches.py).
 """
 from __future__ import annotations
 
