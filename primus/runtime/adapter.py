@@ -258,6 +258,8 @@ class BackendAdapter:
     plans_without_engine: ClassVar[bool] = False
     # the module listing this engine's compatibility ``PATCHES`` and ``params_uses`` (``primus patches``)
     patches: ClassVar[str | None] = None
+    # ``primus:`` switches that only some engines honour (``BACKEND_OPTIONS``), honoured by this one
+    honours: ClassVar[frozenset[str]] = frozenset()
 
     @property
     def stages(self) -> tuple[str, ...]:

@@ -67,6 +67,18 @@ class Admission:
         return f"admitted on {self.target.in_full()}"
 
 
+# ``primus:`` switches that change what an engine computes, honoured only by the backends whose ``honours``
+# names them: set elsewhere, they would do nothing, silently
+BACKEND_OPTIONS = {"sanitize_nan_grads": "zeroes NaN/Inf gradient elements in megatron-core's DDP buckets"}
+
+
+def _options_not_honoured(adapter: "BackendAdapter", plan: "EnginePlan") -> list[Refusal]:
+    options = plan.module.params.get("primus") or {}
+    return [Refusal(f"primus.{name}", options[name], f"{options[name]!r}: {what}; the {adapter.name} backend "
+                                                     "has no such step (remove it)")
+            for name, what in BACKEND_OPTIONS.items() if options.get(name) and name not in adapter.honours]
+
+
 def admit(adapter: "BackendAdapter", plan: "EnginePlan", target: Target, translations: list = (),
           provenance: Any = None) -> Admission:
     """Admission of ``plan`` on ``target``: the compatibility layer's run-time refusals, then the backend's."""
@@ -83,6 +95,7 @@ def admit(adapter: "BackendAdapter", plan: "EnginePlan", target: Target, transla
             refusals.append(Refusal(translation.source, translation.value,
                                     f"{translation.value!r}: {why} (AMD Primus option; refused on {target.name})",
                                     translation.where))
+    refusals += _options_not_honoured(adapter, plan)
     for item in adapter.admit(plan, target):
         where = item.where or (provenance.describe(f"modules.{module}.{item.key}") if provenance is not None else "")
         refusals.append(Refusal(item.key, item.value, item.message, "" if where == UNKNOWN_SOURCE else where))

@@ -13,6 +13,7 @@ class MegatronAdapter(BackendAdapter):
     name = "megatron"
     distribution = "megatron-core"
     patches = "primus.backends.megatron.patches"
+    honours = frozenset({"sanitize_nan_grads"})
     import_probe = "megatron.core.models.gpt"
     extra = "megatron"
     recipes = {

@@ -138,6 +138,20 @@ def test_with_fsdp_the_switch_is_refused_in_one_line():
     assert cli_in_process("config", "validate", _example(), "primus.sanitize_nan_grads=true").returncode == 0
 
 
+@pytest.mark.parametrize("example", ["torchtitan/llama3_tiny-pretrain.yaml", "nemo_automodel/wan2_2_tiny-cpu.yaml"])
+def test_a_backend_without_megatron_cores_buckets_refuses_the_switch_in_one_line(example):
+    from tests.conftest import ROOT
+    from tests.helpers import cli_in_process
+
+    path = str(ROOT / "examples" / example)
+    result = cli_in_process("config", "validate", path, "primus.sanitize_nan_grads=true")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "modules.pre_trainer.primus.sanitize_nan_grads: True: zeroes NaN/Inf gradient elements" in lines[0]
+    assert "has no such step" in lines[0]
+    assert cli_in_process("config", "validate", path, "primus.sanitize_nan_grads=false").returncode == 0
+
+
 STEPS = 3  # the `runs` fixture's train_iters
 
 
