@@ -139,8 +139,9 @@ def render(preset: Preset, commit: str) -> str:
     if carried:
         header.append(f"# Converters {carried}: TorchTitan 0.3.0's float8 converter, tensorwise (TorchTitan 0.2's "
                       "recipe when none is named); " + (
-                          "config validate and plan accept it, a run refuses it (the transformers backend's "
-                          "layers are not converted)." if preset.name == "llama4" else
+                          "on the transformers backend its choice of Linear layers becomes torchao's Float8Linear "
+                          "in the built model (the MoE experts' 3-D weights and the router stay high precision); "
+                          "runs on FP8 GPUs (NVIDIA SM 8.9+, AMD MI300+) and on CPU." if preset.name == "llama4" else
                           "runs on FP8 GPUs (NVIDIA SM 8.9+, AMD MI300+) and on CPU."))
     return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False)
 

@@ -296,16 +296,14 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
 
 
 def _float8(cfg: Any, block: dict[str, Any], device: str, ctx: BuildContext) -> None:
-    """``model.converters.float8``: TorchTitan's float8 converter on the model config (``float8.py``),
+    """``model.converters.float8``: TorchTitan's float8 converter on the model config, or on a
+    transformers-backend model (Llama 4) torchao's swap of the built model's layers (``float8.py``),
     applied where this host can run it; elsewhere the run is refused before it starts (``prepare``)."""
     from primus.backends.torchtitan import float8
     from primus.plan.target import host_target
 
     settings = float8.parse_converters(block.get("converters"), ctx.fail)
     if settings is None:
-        return
-    if hasattr(cfg, "hf_model"):
-        ctx.derived.append(("model.converters.float8", "not applied", f"{float8.NOT_ON_HF_BACKEND}; a run is refused"))
         return
     compile_enabled = cfg.compile.enable and "model" in cfg.compile.components
     if settings.emulate and compile_enabled:
@@ -315,11 +313,19 @@ def _float8(cfg: Any, block: dict[str, Any], device: str, ctx: BuildContext) -> 
     if problem:
         ctx.derived.append(("model.converters.float8", "not applied here", f"{problem}; a run here is refused"))
         return
+    emulated = "; emulated" if settings.emulate else ""
+    if hasattr(cfg, "hf_model"):  # Llama 4: no Linear configs to convert; the built model's layers are swapped
+        count = float8.hf_linears_to_swap(cfg.model_spec.model._primus_hf_config, settings,
+                                          compile_enabled=compile_enabled)
+        cfg.model_spec = float8.with_hf_float8(cfg.model_spec, settings, compile_enabled=compile_enabled)
+        ctx.derived.append(("model.converters.float8", f"{settings.recipe_name}, {count} Linear layers",
+                            float8.HF_BACKEND_SCOPE + emulated))
+        return
     cfg.model_spec.model = float8.convert(cfg.model_spec.model, settings, compile_enabled=compile_enabled)
     count = float8.converted_linears(cfg.model_spec.model)
     ctx.derived.append(("model.converters.float8", f"{settings.recipe_name}, {count} Linear layers",
                         "TorchTitan's Float8LinearConverter on torchao (Linear layers with every dim a multiple "
-                        "of 16, minus filter_fqns)" + ("; emulated" if settings.emulate else "")))
+                        "of 16, minus filter_fqns)" + emulated))
 
 
 def _check_parallelism(cfg: Any, spec: ModelSpec, ctx: BuildContext) -> None:

@@ -62,7 +62,7 @@ def rank_state(cfg: Any, layout: ParallelLayout, rank: int, world: int) -> RankS
     from primus.backends.torchtitan.patches import PATCHES, run_uses
     from primus.runtime.patches import Patcher, Where
 
-    with Patcher(PATCHES, Where.here(run_uses(cfg.model_spec.model))):  # the run's, undone: a plan leaves none
+    with Patcher(PATCHES, Where.here(run_uses(cfg.model_spec))):  # the run's, undone: a plan leaves none
         return _rank_state(cfg, layout, rank, world)
 
 

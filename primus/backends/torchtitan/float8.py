@@ -16,6 +16,15 @@ Recipes (torchao's ``Float8LinearConfig.from_recipe_name``): ``rowwise`` (TorchT
 default), ``rowwise_with_gw_hp`` and ``tensorwise`` (TorchTitan 0.2's recipe when none was named;
 0.3.0's type hint omits it but its converter passes the name to torchao unchanged).
 
+Llama 4 is built by TorchTitan's transformers backend, one ``HFTransformerModel.Config`` with no
+``Linear`` configs inside, so the converter finds nothing to convert. There the same converter (its
+torchao config per recipe, its ``emulate``, its hardware check and its module filter) picks the layers
+and torchao's ``convert_to_float8_training`` swaps them in the built model, on the meta device, before
+FSDP, activation checkpointing and compile wrap it (``Float8BeforeParallelize``). Only plain
+``nn.Linear`` layers are swapped: ``Llama4Router`` subclasses ``nn.Linear`` with its own top-1 forward,
+and the MoE experts' weights are 3-D parameters (``Llama4TextExperts``), not Linears; both stay in
+high precision (float8 MoE GEMMs are TorchTitan's ``Float8GroupedExpertsConverter``, for its own MoE only).
+
 Where it runs: torchao's float8 GEMMs (``torch._scaled_mm``) need FP8 units on a GPU (NVIDIA SM
 8.9+, AMD MI300+), or the CPU, whose ``torch._scaled_mm`` runs float8 in torch 2.13 (TorchTitan's
 converter checks only for the GPUs: the ``float8_on_cpu`` patch). ``emulate: true`` runs torchao's
@@ -23,7 +32,8 @@ emulation on any device (eager mode, for tests).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, get_args
 
@@ -37,8 +47,9 @@ CONVERTERS = ("float8",)  # Primus's names in model.converters (TorchTitan 0.3.0
 NOT_WIRED = {"mx": "TorchTitan's MXFP8 converter (needs NVIDIA SM 10.0+)",
              "nvfp4": "TorchTitan's NVFP4 converter (needs NVIDIA SM 10.0+)",
              "float8_grouped_experts": "float8 MoE grouped GEMMs (TorchTitan's Float8GroupedExpertsConverter)"}
-NOT_ON_HF_BACKEND = ("Llama 4 runs on TorchTitan's transformers backend, whose layers the float8 converter does "
-                     "not convert")
+HF_BACKEND_SCOPE = ("torchao's Float8Linear swapped into the transformers model before FSDP (nn.Linear layers with "
+                    "every dim a multiple of 16, minus filter_fqns); Llama4Router and the MoE experts' 3-D weights "
+                    "stay in high precision")
 
 
 class Float8Settings(BaseModel):
@@ -102,8 +113,6 @@ def admission_refusal(params: dict[str, Any], target: Target) -> tuple[str, str]
 
     model = params.get("model") or {}
     settings = parse_converters(model.get("converters"), lambda key, message: ConfigError(f"{key}: {message}"))
-    if settings is not None and model.get("name") == "llama4":
-        return "model.converters.float8", NOT_ON_HF_BACKEND
     problem = refusal(settings, target) if settings is not None else None
     return ("model.converters.float8", problem) if problem else None
 
@@ -126,6 +135,89 @@ def converted_linears(model_config: Any) -> int:
     if Float8Linear is None:  # torchao not installed
         return 0
     return sum(isinstance(config, Float8Linear.Config) for _, config, _, _ in model_config.traverse(Linear.Config))
+
+
+def _converter(settings: Float8Settings, compile_enabled: bool) -> Any:
+    """TorchTitan's converter itself, for what it decides: the torchao config of the recipe (``emulate``'s
+    tensorwise one), the hardware check, the module filter (dims, ``filter_fqns``, ``auto_filter_small_kn``)."""
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+
+    config = Float8LinearConverter.Config(model_compile_enabled=compile_enabled, **settings.model_dump())
+    return config.build()
+
+
+def _float8_filter(converter: Any) -> Callable[[Any, str], bool]:
+    """The converter's filter, on plain ``nn.Linear`` only: a subclass has a forward of its own (``Llama4Router``
+    picks the top-1 expert in it), which Float8Linear's would replace."""
+    import torch.nn as nn
+
+    return lambda module, fqn: type(module) is nn.Linear and converter.filter_fn(module, fqn)
+
+
+def swap_hf_linears(model: Any, settings: Float8Settings, *, compile_enabled: bool) -> list[str]:
+    """torchao's float8 swap on a built transformers-backend model; returns the swapped layers' names (the
+    backend's flattened view: ``layers.0.self_attn.q_proj``, ``lm_head``, as TorchTitan names them)."""
+    from torchao.float8 import convert_to_float8_training
+    from torchtitan.tools.logging import logger
+
+    converter = _converter(settings, compile_enabled)
+    if not converter.enabled:  # torchao too old for recipes: the converter said so, and converts nothing too
+        return []
+    keep, swapped = _float8_filter(converter), []
+
+    def chosen(module: Any, fqn: str) -> bool:
+        if keep(module, fqn):
+            swapped.append(fqn)
+            return True
+        return False
+
+    convert_to_float8_training(model, module_filter_fn=chosen, config=converter.torchao_config)
+    logger.info(f"float8 ({settings.recipe_name}{', emulated' if settings.emulate else ''}): {len(swapped)} Linear "
+                "layers of the transformers model are torchao Float8Linear; the MoE experts' 3-D weights and the "
+                "router stay in high precision")
+    return swapped
+
+
+def hf_linears_to_swap(hf_config_json: str, settings: Float8Settings, *, compile_enabled: bool) -> int:
+    """How many layers ``swap_hf_linears`` will swap, counted on the transformers model built on the meta
+    device (a plan: nothing is allocated, no patch stays applied)."""
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = json.loads(hf_config_json)
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    with float8_converter_admitted():
+        converter = _converter(settings, compile_enabled)
+    if not converter.enabled:
+        return 0
+    keep = _float8_filter(converter)
+    # the causal LM's own names; the backend's view drops the leading "model." (layers.N..., lm_head)
+    return sum(keep(module, fqn.removeprefix("model.")) for fqn, module in model.named_modules())
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8BeforeParallelize:
+    """A transformers-backend ``ModelSpec.parallelize_fn`` that swaps in float8 first: TorchTitan's trainer
+    builds the model on the meta device and hands it to ``parallelize_fn`` before anything wraps it, which
+    is where TorchTitan's converter would have acted on a native model's config."""
+
+    settings: Float8Settings
+    compile_enabled: bool
+    parallelize: Callable[..., Any]
+
+    def __call__(self, model: Any, **kwargs: Any) -> Any:
+        swap_hf_linears(model, self.settings, compile_enabled=self.compile_enabled)
+        return self.parallelize(model, **kwargs)
+
+
+def with_hf_float8(spec: Any, settings: Float8Settings, *, compile_enabled: bool) -> Any:
+    """The transformers-backend ``ModelSpec`` whose parallelisation starts with the float8 swap."""
+    return dataclasses.replace(spec, parallelize_fn=Float8BeforeParallelize(settings, compile_enabled,
+                                                                            spec.parallelize_fn))
 
 
 # -- float8 on a CPU host: torch's CPU _scaled_mm has float8 kernels (the patch is ``patches.float8_on_cpu``)

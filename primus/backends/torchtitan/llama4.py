@@ -17,7 +17,9 @@ HF MoE blocks for TorchTitan's MoE only where a layer's block is called ``mlp``;
 gives up: TorchTitan's expert parallelism, tensor parallelism of the HF experts and its aux-loss-free
 load balancing -- refused or said below. Four upstream defects the backend has for this model are
 fixed by named patches (``patches.py``: layer_idx on ``feed_forward``, RoPE buffers, chunked
-attention masks, SDPA on CPU).
+attention masks, SDPA on CPU). ``model.converters.float8`` swaps the built model's ``nn.Linear`` layers
+to torchao's ``Float8Linear`` (``float8.py``); the experts' 3-D weights and the router stay in high
+precision.
 
 Shapes, per flavor, and where each comes from:
 

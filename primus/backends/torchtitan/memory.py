@@ -34,7 +34,7 @@ def measure_rank(plan, ctx) -> dict[str, Any]:
     from primus.backends.torchtitan.patches import PATCHES, run_uses
     from primus.runtime.patches import Patcher, Where
 
-    with Patcher(PATCHES, Where.here(run_uses(plan.engine_config.model_spec.model))):  # as the run's
+    with Patcher(PATCHES, Where.here(run_uses(plan.engine_config.model_spec))):  # as the run's
         return _measure(plan, ctx)
 
 

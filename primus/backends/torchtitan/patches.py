@@ -509,6 +509,31 @@ def float8_on_cpu(swap: Swaps = PERMANENT) -> None:
     swap.set(float8.Float8LinearConverter, "__init__", init_on_cpu)
 
 
+def llama4_moe_float8_add(swap: Swaps = PERMANENT) -> None:
+    """transformers' ``Llama4TextMoe.forward`` adds the routed experts' output into the shared expert's in
+    place (``out.add_``). With float8 the shared expert's ``down_proj`` is torchao's ``Float8Linear``, whose
+    output is a view made inside its autograd Function (``matmul_with_hp_or_float8_args`` reshapes it), and
+    autograd refuses an in-place change of such a view ("Output 0 of matmul_with_hp_or_float8_args is a view
+    and is being modified inplace"). The same forward with the sum out of place: the same numbers."""
+    from transformers.models.llama4.modeling_llama4 import Llama4TextMoe
+
+    if getattr(Llama4TextMoe.forward, "_primus_patched", False):
+        return
+
+    def forward(self, hidden_states):  # transformers 5.18.0's body, but the last addition
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_scores, router_logits = self.router(hidden_states)
+        routed_in = hidden_states.repeat(router_scores.shape[1], 1)
+        routed_in = routed_in * router_scores.transpose(0, 1).reshape(-1, 1)
+        routed_out = self.experts(routed_in)
+        out = self.shared_expert(hidden_states)
+        out = out + routed_out.reshape(router_scores.shape[1], -1, routed_out.shape[-1]).sum(dim=0)
+        return out, router_logits
+
+    forward._primus_patched = True
+    swap.set(Llama4TextMoe, "forward", forward)
+
+
 def _cpu_float8_gemm() -> bool:
     from primus.backends.torchtitan.float8 import cpu_float8_gemm
 
@@ -517,6 +542,7 @@ def _cpu_float8_gemm() -> bool:
 
 TITAN = SpecifierSet(">=0.3,<0.4")
 TORCH_BEFORE_2_14 = SpecifierSet("<2.14")
+TRANSFORMERS_5_18 = SpecifierSet(">=5.18,<5.19")  # the pinned one, whose Llama4TextMoe.forward the patch copies
 TRITON_MISSING = Condition("triton is not installed (a CPU torch; CUDA/ROCm torch brings it)",
                            lambda where: not where.assumed and _triton_missing())
 LLAMA4 = uses("llama4", "the run builds Llama 4 on TorchTitan's transformers backend")
@@ -556,14 +582,20 @@ PATCHES = [
     Patch("float8_on_cpu", "the float8 converter admits only FP8 GPUs; this torch's CPU _scaled_mm has float8",
           ENGINE, TITAN, FLOAT8 & NO_GPU & software("torchao is installed and CPU _scaled_mm has float8 kernels",
                                                     _cpu_float8_gemm), float8_on_cpu),
+    Patch("llama4_moe_float8_add", "Llama 4's MoE adds into the shared expert's output in place, which autograd "
+          "refuses for a Float8Linear's output", "transformers", TRANSFORMERS_5_18, LLAMA4 & FLOAT8,
+          llama4_moe_float8_add),
 ]
 
 
-def run_uses(model_config: Any) -> frozenset[str]:
-    """What a run's model uses that has patches of its own (from TorchTitan's model config)."""
-    from primus.backends.torchtitan.float8 import converted_linears
+def run_uses(model_spec: Any) -> frozenset[str]:
+    """What a run's model uses that has patches of its own (from TorchTitan's ``ModelSpec``: its model
+    config, and its ``parallelize_fn`` where a transformers-backend model is swapped to float8)."""
+    from primus.backends.torchtitan.float8 import Float8BeforeParallelize, converted_linears
 
-    found = {"float8"} if converted_linears(model_config) else set()
+    model_config = model_spec.model
+    float8 = converted_linears(model_config) or isinstance(model_spec.parallelize_fn, Float8BeforeParallelize)
+    found = {"float8"} if float8 else set()
     if getattr(model_config, "_primus_hf_config", None) is not None:
         found.add("llama4")
     return frozenset(found)

@@ -120,12 +120,15 @@ def test_a_gpu_without_fp8_units_is_refused_before_any_rank_starts():
     assert TorchTitanAdapter().admit(plan, named_target("mi300x")) == []
 
 
-def test_llama4_on_the_transformers_backend_is_refused_a_run_in_float8():
+def test_llama4_on_the_transformers_backend_is_admitted_in_float8_where_llama3_is():
     from primus.backends.torchtitan.float8 import admission_refusal
 
-    params = {"model": {"name": "llama4", "flavor": "17bx16e", "converters": {"float8": {}}}}
-    key, reason = admission_refusal(params, Target("cpu"))
-    assert key == "model.converters.float8" and reason.startswith("Llama 4 runs on TorchTitan's transformers backend")
+    params = {"model": {"name": "llama4", "flavor": "17bx16e", "converters": {"float8": {"recipe_name": "tensorwise"}}}}
+    for device in ("mi300x", "mi325x", "mi355x", "h100"):
+        assert admission_refusal(params, named_target(device)) is None, device
+    assert admission_refusal(params, Target("cpu")) is None  # torch's CPU _scaled_mm has float8 kernels
+    key, reason = admission_refusal(params, named_target("a100"))
+    assert key == "model.converters.float8" and reason.startswith("torchao's float8 GEMMs need FP8 units")
     assert admission_refusal({"model": {"name": "llama3", "flavor": "8B"}}, Target("cpu")) is None  # no converter
 
 

@@ -43,9 +43,10 @@ def _tiny_config(tmp_path, **overrides):
     return config
 
 
-def _backend_model(tmp_path, config):
+def _backend_model(tmp_path, config, float8=None):
     """The model exactly as TorchTitan's trainer makes it: the spec Primus builds, update_from_config from
-    hf_model, built on meta, materialised, ``init_states``."""
+    hf_model, built on meta, (``float8``: swapped to float8, as its ``parallelize_fn`` starts,) materialised,
+    ``init_states``."""
     from primus.backends.torchtitan.patches import apply_hf_backend_patches
 
     apply_hf_backend_patches()  # before any torchtitan import (CPU device, triton stub)
@@ -57,6 +58,10 @@ def _backend_model(tmp_path, config):
     spec.model.update_from_config(config=trainer_config)
     with torch.device("meta"):
         model = spec.model.build()
+    if float8 is not None:
+        from primus.backends.torchtitan.float8 import swap_hf_linears
+
+        swap_hf_linears(model, float8, compile_enabled=False)
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     with torch.no_grad():
@@ -114,6 +119,39 @@ def test_chunked_layers_get_their_own_mask(tmp_path):
     assert chunked[20, 15].item() is False and chunked[20, 16].item() is True and chunked[15, 0].item() is True
 
 
+@pytest.mark.e2e  # the backend's attention compiles (a subprocess)
+def test_float8_swaps_the_backend_models_linears_but_not_router_or_experts(tmp_path):
+    """torchao's Float8Linear in place of every plain nn.Linear with dims multiple of 16 (attention, dense and
+    shared-expert MLPs, lm_head), minus filter_fqns; Llama4Router and the 3-D experts stay; it trains, and
+    its logits follow the same weights' in fp32."""
+    from torchao.float8.float8_linear import Float8Linear
+    from transformers.models.llama4.modeling_llama4 import Llama4Router, Llama4TextExperts
+
+    from primus.backends.torchtitan.float8 import Float8Settings, hf_linears_to_swap
+    from primus.backends.torchtitan.patches import apply_patches
+
+    assert "llama4_moe_float8_add" in apply_patches(("llama4", "float8"))  # as a float8 Llama 4 run's
+
+    config = _tiny_config(tmp_path)
+    settings = Float8Settings(recipe_name="tensorwise", emulate=True, filter_fqns=["layers.0.self_attn.q_proj"])
+    model = _backend_model(tmp_path, config, float8=settings)
+    reference = _backend_model(tmp_path, config)
+    swapped = {name for name, module in model.named_modules() if isinstance(module, Float8Linear)}
+    linears = {name for name, module in reference.named_modules() if type(module) is torch.nn.Linear}
+    assert swapped == linears - {"model.model.layers.0.self_attn.q_proj"} and "model.lm_head" in swapped
+    assert len(swapped) == hf_linears_to_swap(llama4.config_json(config), settings, compile_enabled=False) == 28
+    assert all(type(m) is Llama4Router for m in model.modules() if isinstance(m, Llama4Router))
+    assert any(isinstance(m, Llama4TextExperts) for m in model.modules())
+    assert all(layer.config.emulate for layer in model.modules() if isinstance(layer, Float8Linear))
+    model.load_state_dict(reference.state_dict())  # same names: checkpoints are unchanged
+    tokens = torch.randint(0, 256, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(SEQ).expand(2, SEQ)
+    ours, theirs = model(tokens, positions=positions), reference(tokens, positions=positions)
+    assert (ours - theirs).abs().max().item() < 0.1 * theirs.abs().max().item()
+    ours.float().logsumexp(-1).mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 @pytest.mark.parametrize("flavor,total,active", [("17bx16e", 109e9, 17e9), ("17bx128e", 400e9, 17e9)])
 def test_flavors_match_the_published_sizes(flavor, total, active):
     """Scout 109B total / 17B active, Maverick 400B / 17B (Meta's model cards), within 2%."""
@@ -144,6 +182,36 @@ def test_tiny_llama4_trains_on_cpu(tmp_path, tiny_cache):
     assert losses[-1] < 0.6 * losses[0], losses
     written = llama4.read_config(tmp_path / "llama4" / llama4.CONFIG_DIR / "config.json")
     assert written["model_type"] == "llama4_text" and written["num_hidden_layers"] == 4
+
+
+@pytest.mark.e2e
+def test_tiny_llama4_in_float8_follows_the_fp32_run(tmp_path, tiny_cache):
+    """40 steps on the same data and seed, the model of ``test_tiny_llama4_trains_on_cpu``: float8 (torchao's
+    tensorwise emulation in the transformers model's Linear layers) against fp32."""
+    from primus.data.tiny_assets import ensure_tiny_assets
+    from tests.helpers import read_metrics, train_with_torchrun
+
+    ensure_tiny_assets(tiny_cache / "tiny_llm")
+    runs = {}
+    for name, converters in (("fp32", None), ("float8", {"float8": {"recipe_name": "tensorwise", "emulate": True}})):
+        params = {"model": {"name": "llama4", "flavor": "debugmodel", "n_layers": 4, "vocab_size": 512,
+                            "converters": converters},
+                  "primus": {"tiny_assets": str(tiny_cache / "tiny_llm")}, "optimizer": {"lr": 2e-3},
+                  "lr_scheduler": {"warmup_steps": 2}, "debug": {"seed": 42},
+                  "training": {"steps": 40, "local_batch_size": 4, "seq_len": 64}}
+        result = train_with_torchrun(tmp_path / name, "torchtitan", params, nproc=1, timeout=900)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        runs[name] = [row["loss"] for row in read_metrics(tmp_path / name)]
+    print("fp32", [round(loss, 3) for loss in runs["fp32"]], "float8", [round(loss, 3) for loss in runs["float8"]])
+    logs = tmp_path / "float8" / "logs" / "pre_trainer" / "rank-0"
+    info = (logs / "info.log").read_text()
+    assert "derived model.converters.float8=tensorwise, 29 Linear layers" in info  # the plan's count
+    assert "float8 (tensorwise, emulated): 29 Linear layers of the transformers model are torchao Float8Linear" in info
+    assert "torchtitan patch applied: llama4_moe_float8_add: " in (logs / "debug.log").read_text()
+    assert len(runs["fp32"]) == len(runs["float8"]) == 40
+    assert runs["float8"][-1] < 0.6 * runs["float8"][0]  # it learns
+    assert runs["float8"][-1] == pytest.approx(runs["fp32"][-1], rel=0.05), (runs["fp32"][-1], runs["float8"][-1])
+    assert runs["float8"] != runs["fp32"]  # float8 casts ran: not the fp32 numbers
 
 
 def test_hf_backend_patches_are_named_and_gated():

@@ -148,7 +148,7 @@ class TorchTitanRecipe(Recipe):
         from primus.backends.torchtitan.patches import ENGINE, PATCHES, run_uses
         from primus.runtime.patches import Patcher, Where
 
-        with Patcher(PATCHES, Where.here(run_uses(plan.engine_config.model_spec.model))) as patcher:
+        with Patcher(PATCHES, Where.here(run_uses(plan.engine_config.model_spec))) as patcher:
             patcher.log(ctx.logger, ENGINE)
             self._train(plan, ctx)
 
