@@ -243,7 +243,7 @@ def test_stage_mlperf_pretrain_plans_as_pretraining_and_admission_refuses_it():
     assert ctx.stage == "pretrain"
     assert [t.kind for t in ctx.translations] == ["stage", "refuse_at_run"]
     adapter = type("Adapter", (), {"admit": lambda self, plan, target: []})()
-    plan = type("Plan", (), {"module": type("Module", (), {"name": "pre_trainer"})})()
+    plan = type("Plan", (), {"module": type("Module", (), {"name": "pre_trainer", "params": {}})})()
     for target in (Target("cpu"), named_target("mi355x")):
         with pytest.raises(ConfigError, match=r"modules.pre_trainer.stage: 'mlperf_pretrain': .*primus_mllog.*"
                                               r"stage: pretrain runs the same training"):

@@ -74,6 +74,7 @@ def test_each_kind_of_row_decides_per_target(monkeypatch, needs, cpu, gpu_withou
 class _Plan:
     class module:
         name = "pre_trainer"
+        params: dict = {}
 
 
 class _Adapter:

@@ -1,5 +1,5 @@
-"""The Megatron backend (megatron-core). Importing it installs ``lazy_fusions``' import finder first, so that
+"""The Megatron backend (megatron-core). Importing it puts ``lazy_fusions``' import finder in place first, so that
 megatron-core, imported later by any module here, does not import TorchDynamo and Inductor at import."""
-from primus.backends.megatron.lazy_fusions import install as _install_lazy_fusions
+from primus.backends.megatron.patches import patch_lazy_fusion_compile
 
-_install_lazy_fusions()
+patch_lazy_fusion_compile()

@@ -5,7 +5,7 @@ about forty fused functions; each ``torch.compile(fn)`` imports TorchDynamo and 
 process that imports megatron-core (a launcher checking admission, each rank) spends about 2.5 s of
 CPU on compiler imports, whether or not a fused function ever runs.
 
-``install()`` adds a ``sys.meta_path`` finder that runs ``megatron.core.jit`` with ``torch.compile``
+``install`` adds a ``sys.meta_path`` finder that runs ``megatron.core.jit`` with ``torch.compile``
 replaced by ``lazy_compile``: ``jit_fuser`` becomes a decorator that calls the real ``torch.compile``,
 with the same arguments, on the function's first call. ``torch.compile`` itself is put back as soon
 as that module has run. Whether the finder acts is the registry's ``patch_lazy_fusion_compile`` record
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from primus.runtime.patches import PERMANENT, Swaps
+from primus.runtime.patches import Patch, Swaps, Where
 
 JIT_MODULE = "megatron.core.jit"
 
@@ -68,10 +68,13 @@ class _JitModuleLoader(importlib.abc.Loader):
 
 class _LazyFusionFinder(importlib.abc.MetaPathFinder):
     """Finds ``megatron.core.jit`` as the path finder would, and hands it to ``_JitModuleLoader`` where
-    the registry's record applies on this host."""
+    ``record`` (the registry's ``patch_lazy_fusion_compile``) applies on this host."""
+
+    def __init__(self, record: "Patch"):
+        self.record = record
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != JIT_MODULE or not _applies_here():
+        if fullname != JIT_MODULE or not self.record.verdict(Where.here(()))[0]:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is not None and spec.loader is not None:
@@ -79,19 +82,8 @@ class _LazyFusionFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _applies_here() -> bool:
-    from primus.backends.megatron.patches import LAZY_FUSION_COMPILE
-    from primus.runtime.patches import Where
-
-    return LAZY_FUSION_COMPILE.verdict(Where.here(()))[0]
-
-
-_FINDER = _LazyFusionFinder()
-
-
-def install(swaps: Swaps = PERMANENT) -> None:
-    """Put the finder first on ``sys.meta_path``, for the process: ``primus.backends.megatron`` installs it
-    when imported, before any megatron-core import; it acts on that first import only, so a run's
-    ``Patcher`` finds it in place and has nothing to undo (``swaps`` is the registry's signature)."""
-    if _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
+def install(record: "Patch") -> None:
+    """Put the finder first on ``sys.meta_path``, for the process (once): ``primus.backends.megatron``
+    installs it when imported, before any megatron-core import; it acts on that first import only."""
+    if not any(isinstance(finder, _LazyFusionFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _LazyFusionFinder(record))

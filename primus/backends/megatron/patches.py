@@ -15,7 +15,7 @@ from primus.backends.megatron import cpu_patches as cpu
 from primus.backends.megatron import fsdp_patches as fsdp
 from primus.backends.megatron import lazy_fusions
 from primus.backends.megatron import option_patches as option
-from primus.runtime.patches import ALWAYS, NO_GPU, Condition, Patch, Where, apply_for_process, uses
+from primus.runtime.patches import ALWAYS, NO_GPU, PERMANENT, Condition, Patch, Swaps, Where, apply_for_process, uses
 
 ENGINE = "megatron"
 # Verified against megatron-core 0.16.1; the hard-coded CUDA sites are the same across 0.16.x.
@@ -28,10 +28,15 @@ def _patch(function, why: str, when: Condition) -> Patch:
     return Patch(function.__name__, why, "megatron-core", MEGATRON_CORE, when, function)
 
 
-# Acts when megatron-core is first imported (``lazy_fusions``), so it is named here and decided there.
-LAZY_FUSION_COMPILE = Patch("patch_lazy_fusion_compile", "megatron-core's jit_fuser imports TorchDynamo and "
-                            "Inductor at import (about 2.5 s of CPU per process); compile on first call",
-                            "megatron-core", MEGATRON_CORE, NO_GPU, lazy_fusions.install)
+def patch_lazy_fusion_compile(swap: Swaps = PERMANENT) -> None:
+    """megatron-core's fusions compile on first call (``lazy_fusions``). It acts when megatron-core is first
+    imported, so ``primus.backends.megatron`` calls this when imported; a run's ``Patcher`` finds it in place
+    (nothing to undo: the finder is inert after that import)."""
+    lazy_fusions.install(LAZY_FUSION_COMPILE)
+
+
+LAZY_FUSION_COMPILE = _patch(patch_lazy_fusion_compile, "megatron-core's jit_fuser imports TorchDynamo and "
+                             "Inductor at import (about 2.5 s of CPU per process); compile on first call", NO_GPU)
 
 PATCHES = [
     LAZY_FUSION_COMPILE,
