@@ -74,12 +74,20 @@ class _LazyFusionFinder(importlib.abc.MetaPathFinder):
         self.record = record
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != JIT_MODULE or not self.record.verdict(Where.here(()))[0]:
+        if fullname != JIT_MODULE or not self.record.verdict(_here())[0]:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is not None and spec.loader is not None:
             spec.loader = _JitModuleLoader(spec.loader)
         return spec
+
+
+def _here() -> Where:
+    """This host, without ``torch.cuda.get_device_name`` (``Where.here``): on a GPU node that would create a
+    CUDA context in whatever process imports megatron-core first, a launcher checking admission included."""
+    import torch
+
+    return Where(torch.cuda.is_available(), uses=frozenset())
 
 
 def install(record: "Patch") -> None:
