@@ -64,3 +64,21 @@ def test_megatron_bf16(cpu):
         assert plan.engine_config.bf16 and not lines
     else:
         assert not plan.engine_config.bf16 and len(lines) == 1 and "no native bf16" in lines[0].reason
+
+
+def test_torchtitan_moe_experts_stay_bf16_in_an_fp32_run_and_a_line_says_so():
+    """TorchTitan 0.3.0's GroupedExperts casts to bf16 for its grouped GEMMs whatever the mixed precision."""
+    pytest.importorskip("torchtitan")
+    from primus.backends.torchtitan.patches import apply_patches
+
+    apply_patches()
+    from primus.backends.torchtitan.config import build_trainer_config
+
+    fp32 = {"mixed_precision_param": "float32"}
+    _, _, derived = build_trainer_config({"model": {"name": "deepseek_v3", "flavor": "debugmodel"}, "training": fp32},
+                                         run_dir=Path("."), device="cpu")
+    lines = [d for d in derived if d[0] == "training.mixed_precision_param"]
+    assert len(lines) == 1 and lines[0][1] == "float32 (routed experts: bf16)" and "GroupedExperts" in lines[0][2]
+    _, _, dense = build_trainer_config({"model": {"n_layers": 2, "dim": 64, "n_heads": 4, "vocab_size": 256},
+                                        "training": fp32}, run_dir=Path("."), device="cpu")
+    assert not [d for d in dense if d[0] == "training.mixed_precision_param"]

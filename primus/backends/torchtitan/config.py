@@ -286,6 +286,7 @@ def build_trainer_config(params: dict[str, Any], *, run_dir: Path, device: str,
         _derive_cpu_settings(cfg, ctx)  # before the engine's checks: e.g. CUDA graphs are refused with EP
     else:
         _derive_cuda_graphs(cfg, params, ctx)
+    _say_bf16_experts(cfg, ctx)  # after the CPU's bf16 rule, which may have made the run fp32
     try:
         cfg.__post_init__()  # the engine's own cross-field invariants, on the final values
     except ValueError as exc:
@@ -326,6 +327,20 @@ def _float8(cfg: Any, block: dict[str, Any], device: str, ctx: BuildContext) -> 
     ctx.derived.append(("model.converters.float8", f"{settings.recipe_name}, {count} Linear layers",
                         "TorchTitan's Float8LinearConverter on torchao (Linear layers with every dim a multiple "
                         "of 16, minus filter_fqns)" + emulated))
+
+
+def _say_bf16_experts(cfg: Any, ctx: BuildContext) -> None:
+    """TorchTitan 0.3.0's ``GroupedExperts.forward`` casts tokens and expert weights to bf16 for its grouped
+    GEMMs whatever ``mixed_precision_param`` says: an fp32 run of one of its MoE models is not fp32 in the
+    routed experts (and on a CPU without bf16 units those GEMMs run many times slower than fp32 ones)."""
+    if cfg.training.mixed_precision_param != "float32" or cfg.model_spec is None:
+        return
+    from torchtitan.models.common.moe import GroupedExperts
+
+    if any(True for _ in cfg.model_spec.model.traverse(GroupedExperts.Config)):
+        ctx.derived.append(("training.mixed_precision_param", "float32 (routed experts: bf16)",
+                            "TorchTitan 0.3.0's GroupedExperts computes its grouped GEMMs in bf16 whatever the "
+                            "mixed precision"))
 
 
 def _check_parallelism(cfg: Any, spec: ModelSpec, ctx: BuildContext) -> None:
