@@ -82,7 +82,9 @@ class DeviceProfile:
         if ranks > 1:  # ranks that share the cores together do at most what all the cores do at once
             tflops = min(tflops, self.gemm_tflops_by_threads[known[-1]] / known[-1] * threads)
         hbm = self.hbm_gbps / max(1, ranks) if ranks > 1 else self.hbm_gbps  # ranks share the memory bus
-        return replace(self, peak_tflops={k: tflops for k in self.peak_tflops}, hbm_gbps=hbm)
+        fp32 = self.peak_tflops.get("fp32") or tflops
+        # each dtype keeps its measured rate relative to fp32 (bf16: emulated, or on bf16 units)
+        return replace(self, peak_tflops={k: tflops * v / fp32 for k, v in self.peak_tflops.items()}, hbm_gbps=hbm)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

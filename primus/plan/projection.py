@@ -29,7 +29,8 @@ Communication (``primus.plan.comm``, ring model, intra- vs inter-node links):
   gradient-norm read), memory-bound.
 
 ``step = micro-batches x slowest stage's micro-batch time + bubble + exposed PP and DP traffic + optimizer``.
-MFU uses the Megatron-LM FLOP convention (``primus.plan.flops``) and the bf16 peak.
+MFU uses the Megatron-LM FLOP convention (``primus.plan.flops``) and the bf16 peak (an fp32 run's: the fp32
+peak, as a CPU run's own MFU line).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class ProjectionOptions:
 
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     gemm_dtype: str = "bf16"  # bf16 | fp8 | fp32: the transformer layers' linears
+    expert_gemm_dtype: str | None = None  # the routed experts' GEMMs where an engine fixes them (None: gemm_dtype)
     recompute: str | None = None  # none | selective | full; None = the layout's (full or none)
     sequence_parallel: bool = True
     fused_elementwise: bool = True
@@ -106,6 +108,7 @@ class _Costs:
         self.p, self.eff = profile, profile.efficiency
         self.attention_eff = self.eff.attention_sdpa if attention == "sdpa" else self.eff.attention
         self.act, self.gemm_dtype, self.fused = act_bytes, gemm_dtype, fused
+        self.attention_dtype = "fp32" if gemm_dtype == "fp32" else "bf16"  # fp8 runs keep attention in bf16
         self.hbm = profile.hbm_gbps * 1e9 * self.eff.hbm
 
     def gemm(self, m: float, k: float, n: float, dtype: str | None = None) -> float:
@@ -127,7 +130,7 @@ class _Costs:
         return traffic / self.hbm + kernels * self.eff.kernel_overhead_s
 
     def attention(self, flops: float) -> float:
-        return flops / (self.p.peak("bf16") * self.attention_eff) + self.eff.kernel_overhead_s
+        return flops / (self.p.peak(self.attention_dtype) * self.attention_eff) + self.eff.kernel_overhead_s
 
 
 def _layer_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOptions, c: _Costs,
@@ -162,8 +165,9 @@ def _layer_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpt
         tokens_here = T * k * etp / t  # routed copies this rank's experts process (balanced routing)
         local = max(1, E // layout.ep)
         m_e = tokens_here / local
-        fwd_gemm += c.gemm(T, h, E, "bf16")  # router
-        fwd_gemm += local * (c.gemm(m_e, h, (gated - 1) * fe / etp) + c.gemm(m_e, fe / etp, h))
+        fwd_gemm += c.gemm(T, h, E, c.attention_dtype)  # router: never fp8
+        experts = opts.expert_gemm_dtype
+        fwd_gemm += local * (c.gemm(m_e, h, (gated - 1) * fe / etp, experts) + c.gemm(m_e, fe / etp, h, experts))
         if model.shared_expert_ffn_hidden_size:
             sh = model.shared_expert_ffn_hidden_size
             fwd_gemm += c.gemm(T, h, (gated - 1) * sh / t) + c.gemm(T, sh / t, h)
@@ -276,7 +280,7 @@ def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
                  "ep_comm": microbatches * slowest["ep"], "pp_comm": pp_comm, "dp_comm": dp_comm,
                  "bubble": bubble, "optimizer": optimizer}
     return Projection(step, tokens / step / world, layout.effective_global_batch_size / step / world,
-                      flops / step / world / profile.peak("bf16"), memory, breakdown, profile.name, world,
+                      flops / step / world / profile.peak(c.attention_dtype), memory, breakdown, profile.name, world,
                       microbatches, _assumptions(opts, layout))
 
 

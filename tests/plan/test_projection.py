@@ -187,3 +187,31 @@ def test_a_gpu_projection_keeps_bf16_on_a_cpu_without_bf16_units():
     native = json.loads(cli_in_process("plan", *args, env={**env, "PRIMUS_CPU_BF16": "force"}).stdout)["projected"]
     assert without["step_time"] == pytest.approx(native["step_time"])
     assert "linears in bf16" in " ".join(without["assumptions"])
+
+
+def test_a_cpu_profile_keeps_its_measured_bf16_rate_per_rank_and_fp32_runs_use_the_fp32_one():
+    # a CPU without bf16 units: bf16 GEMMs emulated, 50x slower than fp32 (measured by preflight)
+    cpu = replace(PROFILES["h100"], name="local (cpu)", gemm_tflops_by_threads={1: 0.02, 2: 0.035}, cores=2,
+                  peak_tflops={"bf16": 0.0007, "fp32": 0.035}, hbm_gbps=10.0, overlaps_comm=False)
+    two = cpu.for_ranks_per_node(2)
+    assert two.peak("fp32") == pytest.approx(0.0175e12) and two.peak("bf16") == pytest.approx(0.00035e12)
+    fp32 = layout(dp=2, global_batch_size=2, seq_len=512, param_dtype="fp32", grad_dtype="fp32")
+    same_peaks = replace(two, peak_tflops={"bf16": 0.0175, "fp32": 0.0175})
+    # an fp32 run's attention, router and MFU read the fp32 rate, not the (slow) bf16 one
+    assert project(LLAMA8B, fp32, two).breakdown == pytest.approx(project(LLAMA8B, fp32, same_peaks).breakdown)
+
+
+def test_torchtitan_moe_experts_are_costed_in_bf16_whatever_the_mixed_precision():
+    from primus.backends.torchtitan.projection import projection_options
+
+    moe = ModelSpec(n_layers=2, dim=256, n_heads=4, n_kv_heads=4, ffn_hidden_size=512, vocab_size=1024,
+                    n_experts=8, top_k=2, moe_ffn_hidden_size=256)
+    fp32 = {"training": {"mixed_precision_param": "float32"}, "model": {"name": "deepseek_v3"}}
+    options = projection_options(fp32, gpu=False)
+    assert options.gemm_dtype == "fp32" and options.expert_gemm_dtype == "bf16"
+    assert projection_options({**fp32, "model": {"name": "llama4"}}, gpu=False).expert_gemm_dtype is None
+    cpu = replace(PROFILES["h100"], name="local (cpu)", peak_tflops={"bf16": 0.0007, "fp32": 0.035}, hbm_gbps=10.0,
+                  overlaps_comm=False)
+    lay = layout(dp=1, global_batch_size=1, seq_len=512, param_dtype="fp32", grad_dtype="fp32")
+    as_fp32 = project(moe, lay, cpu, replace(options, expert_gemm_dtype=None)).breakdown["gemm"]
+    assert project(moe, lay, cpu, options).breakdown["gemm"] > 5 * as_fp32  # the experts dominate, at 1/50 the rate

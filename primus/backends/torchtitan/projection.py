@@ -28,6 +28,9 @@ def projection_options(params: dict[str, Any], *, gpu: bool = True, converters: 
         vpp = max(2, int(parallel.get("pipeline_parallel_stages_per_rank", 2) or 2))
     return ProjectionOptions(
         vpp=vpp, gemm_dtype="fp8" if fp8 else "bf16" if mixed == "bfloat16" else "fp32",
+        # TorchTitan 0.3.0's GroupedExperts casts to bf16 whatever the mixed precision (Llama 4's
+        # transformers-backend experts compute in the parameters' dtype)
+        expert_gemm_dtype=None if model.get("name") == "llama4" else "bf16",
         recompute={"selective": "op", "full": "full"}.get(mode, "none"),  # TorchTitan's selective is per-op
         sequence_parallel=True, fused_elementwise=gpu and compile_enabled, attention="sdpa",
         tp_comm_overlap=bool(parallel.get("enable_async_tensor_parallel", False)),
