@@ -26,7 +26,6 @@ def test_kendall_tau():
 @pytest.mark.e2e
 def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
     pytest.importorskip("megatron.core")
-    import statistics
     import subprocess
 
     from primus.preflight.perf.profile import measure_local_profile
@@ -45,6 +44,7 @@ def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         assert "projected vs measured (local profile)" in run.stdout + run.stderr  # the run's own summary line
         metrics = read_metrics(next(tmp_path.glob(f"*/*/{name.replace(' ', '_')}/metrics.jsonl")).parent)
-        measured.append(statistics.median(row["step_time"] for row in metrics[2:]))
+        # the fastest step: load from the other tests only ever slows a step (as preflight's best-of GEMM probe)
+        measured.append(min(row["step_time"] for row in metrics[2:]))
         projected.append(project_layout(exp, 1, overrides)["step_time"])
     assert kendall_tau(projected, measured) == 1.0, (projected, measured)
