@@ -13,61 +13,18 @@ as that module has run. Whether the finder acts is the registry's ``patch_lazy_f
 """
 from __future__ import annotations
 
-import functools
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Callable
-from typing import Any
 
-from primus.runtime.patches import Patch, Swaps, Where
+from primus.runtime.lazy_compile import DeferringLoader, lazy_compile  # noqa: F401  (lazy_compile: re-exported)
+from primus.runtime.patches import Patch, Where
 
 JIT_MODULE = "megatron.core.jit"
 
 
-def lazy_compile(compile_now: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.compile``'s calling convention (``compile(fn, **options)`` or ``compile(**options)(fn)``),
-    deferring ``compile_now(fn, **options)`` to the first call of ``fn``."""
-
-    def decorate(model: Callable[..., Any] | None = None, **options: Any) -> Any:
-        if model is None:
-            return functools.partial(decorate, **options)
-        compiled: Callable[..., Any] | None = None
-
-        @functools.wraps(model)
-        def compiled_on_first_call(*args: Any, **kwargs: Any) -> Any:
-            nonlocal compiled
-            if compiled is None:
-                compiled = compile_now(model, **options)
-            return compiled(*args, **kwargs)
-
-        return compiled_on_first_call
-
-    return decorate
-
-
-class _JitModuleLoader(importlib.abc.Loader):
-    """megatron-core's own loader for ``megatron/core/jit.py``, run with ``torch.compile`` deferred."""
-
-    def __init__(self, loader: importlib.abc.Loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        import torch
-
-        swaps = Swaps()
-        swaps.set(torch, "compile", lazy_compile(torch.compile))
-        try:
-            self.loader.exec_module(module)
-        finally:
-            swaps.restore()
-
-
 class _LazyFusionFinder(importlib.abc.MetaPathFinder):
-    """Finds ``megatron.core.jit`` as the path finder would, and hands it to ``_JitModuleLoader`` where
+    """Finds ``megatron.core.jit`` as the path finder would, and hands it to ``DeferringLoader`` where
     ``record`` (the registry's ``patch_lazy_fusion_compile``) applies on this host."""
 
     def __init__(self, record: "Patch"):
@@ -78,7 +35,7 @@ class _LazyFusionFinder(importlib.abc.MetaPathFinder):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is not None and spec.loader is not None:
-            spec.loader = _JitModuleLoader(spec.loader)
+            spec.loader = DeferringLoader(spec.loader)
         return spec
 
 

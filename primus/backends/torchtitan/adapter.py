@@ -22,7 +22,11 @@ class TorchTitanAdapter(BackendAdapter):
 
     def import_module(self, name: str) -> Any:
         """torchtitan 0.3.0 imports triton unconditionally; on a host without it (CPU) the import runs
-        with a stand-in that is gone afterwards (``patches.triton_import_stub``)."""
+        with a stand-in that is gone afterwards (``patches.triton_import_stub``). Its import-time
+        ``torch.compile`` calls wait for their first call (``patches.compile_on_first_call``)."""
+        from primus.backends.torchtitan.patches import compile_on_first_call
+
+        compile_on_first_call()
         if importlib.util.find_spec("triton") is None:
             from primus.backends.torchtitan.patches import triton_import_stub
 

@@ -245,6 +245,86 @@ def checkpoint_on_transient_group(swap: Swaps = PERMANENT) -> None:
         swap.set(checkpointer, "dcp", DCPOnTransientGroup(checkpointer.dcp))
 
 
+COMPILING_AT_IMPORT = frozenset({"torchtitan.models.common.attention", "torchtitan.models.common.vision_encoder"})
+
+
+def compile_on_first_call(swap: Swaps = PERMANENT) -> None:
+    """torchtitan 0.3.0 calls ``torch.compile`` when ``models/common/attention.py`` is imported (the
+    ``FlexAttention`` class body compiles ``flex_attention`` with Inductor options; ``create_block_mask``,
+    also in ``vision_encoder.py``): each call imports Inductor's ``compile_fx``, about 1 s of CPU in every
+    process that imports TorchTitan (the launcher planning a run, each rank), though a run on SDPA never
+    calls them. They compile on their first call instead, with the same arguments
+    (``primus.runtime.lazy_compile``). It acts on TorchTitan's first import, so the adapter installs it
+    before importing TorchTitan; a run's ``Patcher`` finds it in place (the finder is inert afterwards)."""
+    from primus.runtime.lazy_compile import DeferredCompileFinder
+
+    if not any(isinstance(finder, DeferredCompileFinder) and finder.modules == COMPILING_AT_IMPORT
+               for finder in sys.meta_path):
+        sys.meta_path.insert(0, DeferredCompileFinder(COMPILING_AT_IMPORT, _compile_on_first_call_here))
+
+
+def _compile_on_first_call_here() -> bool:
+    """The record's verdict for this host, without ``torch.cuda.get_device_name`` (no CUDA context in a launcher)."""
+    import torch
+
+    return COMPILE_ON_FIRST_CALL.verdict(Where(torch.cuda.is_available(), uses=frozenset()))[0]
+
+
+class _TimeWithoutSleep:
+    """``torchtitan.trainer``'s view of the ``time`` module: everything but ``sleep``, which returns at once."""
+
+    def __init__(self, module: types.ModuleType):
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        import logging
+
+        logging.getLogger("primus.patches").debug("TorchTitan's %ss end-of-training sleep skipped: the ranks meet "
+                                                  "at a barrier instead (end_of_training_barrier)", seconds)
+
+
+def end_of_training_barrier(swap: Swaps = PERMANENT) -> None:
+    """torchtitan 0.3.0's ``Trainer.train`` ends with ``time.sleep(2)`` on rank 0 ("Sleeping 2 seconds for
+    other ranks to complete"), the only ``sleep`` in ``torchtitan/trainer.py``: every run waits 2 s, a
+    one-rank run too, for ranks that are done or do not exist. What it approximates is a barrier: rank 0
+    does not go on before the others finished training. So ``train`` ends with ``dist.barrier()`` on every
+    rank (none with one rank: nothing to wait for) and the sleep returns at once. The job store is
+    torchrun's agent's, or the in-process rank's own, so no rank leaves peers without a store. Applied on
+    hosts without a GPU (gloo), where short runs (tests, the demo) are what the 2 s weighs on and where the
+    barrier is tested; a GPU run keeps TorchTitan's own ending."""
+    import torch.distributed as dist
+    import torchtitan.trainer as trainer
+
+    original = trainer.Trainer.train
+    if getattr(original, "_primus_patched", False):
+        return
+
+    def train_then_barrier(self) -> None:
+        original(self)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+
+    train_then_barrier._primus_patched = True
+    swap.set(trainer.Trainer, "train", train_then_barrier)
+    swap.set(trainer, "time", _TimeWithoutSleep(trainer.time))
+
+
+def no_download_count_ping(swap: Swaps = PERMANENT) -> None:
+    """``datasets.load_dataset`` of local files through a packaged builder (Primus's ``jsonl`` and ``text``
+    datasets: ``load_dataset("json", data_files=...)``) first sends a HEAD request to S3 to count a download
+    of the builder's script (``datasets/load.py: increase_load_count``, timeout 3 s), unless
+    ``HF_UPDATE_DOWNLOAD_COUNTS`` is off: on a host without a network the request fails at once, with DNS
+    but no route a rank waits up to 3 s for it. The files are local; nothing is downloaded, so the ping is
+    not made. A user who sets ``HF_UPDATE_DOWNLOAD_COUNTS`` keeps their setting (the record's condition)."""
+    import datasets.config
+
+    swap.set(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", False)
+
+
 def _triton_missing() -> bool:
     return importlib.util.find_spec("triton") is None
 
@@ -542,13 +622,20 @@ def _cpu_float8_gemm() -> bool:
 
 TITAN = SpecifierSet(">=0.3,<0.4")
 TORCH_BEFORE_2_14 = SpecifierSet("<2.14")
+DATASETS_4 = SpecifierSet(">=4,<5")  # increase_load_count as read in 4.7.0 (also in 2.x and 3.x)
 TRANSFORMERS_5_18 = SpecifierSet(">=5.18,<5.19")  # the pinned one, whose Llama4TextMoe.forward the patch copies
 TRITON_MISSING = Condition("triton is not installed (a CPU torch; CUDA/ROCm torch brings it)",
                            lambda where: not where.assumed and _triton_missing())
+COUNTS_UNSET = software("HF_UPDATE_DOWNLOAD_COUNTS is not set", lambda: "HF_UPDATE_DOWNLOAD_COUNTS" not in os.environ)
 LLAMA4 = uses("llama4", "the run builds Llama 4 on TorchTitan's transformers backend")
 FLOAT8 = uses("float8", "the run converts Linear layers to float8")
 
+COMPILE_ON_FIRST_CALL = Patch("compile_on_first_call", "attention.py torch.compiles FlexAttention at import, which "
+                              "imports Inductor (about 1 s of CPU per process)", ENGINE, TITAN, NO_GPU,
+                              compile_on_first_call)
+
 PATCHES = [
+    COMPILE_ON_FIRST_CALL,
     Patch("cpu_device_type", "TorchTitan picks device 'cuda' at import even without CUDA",
           ENGINE, TITAN, NO_GPU, cpu_device_type),
     Patch("triton_import_stub", "torchtitan 0.3.0 imports triton unconditionally; a CPU torch has none",
@@ -569,6 +656,10 @@ PATCHES = [
           "devices it does not know", ENGINE, TITAN, ALWAYS, peak_flops_from_primus_table),
     Patch("checkpoint_on_transient_group", "DCP on gloo's default group leaves OpenMP pools that slow "
           "every later step", ENGINE, TITAN, NO_GPU, checkpoint_on_transient_group),
+    Patch("end_of_training_barrier", "Trainer.train sleeps 2 s on rank 0 at its end, one-rank runs too, "
+          "where a barrier is meant", ENGINE, TITAN, NO_GPU, end_of_training_barrier),
+    Patch("no_download_count_ping", "loading local jsonl/text files pings S3 to count a download (up to 3 s "
+          "without a route)", "datasets", DATASETS_4, COUNTS_UNSET, no_download_count_ping),
     Patch("hf_backend_feed_forward_sharding", "the transformers backend's sharding reads layer.mlp; Llama 4 "
           "has feed_forward", ENGINE, TITAN, LLAMA4, hf_backend_feed_forward_sharding),
     Patch("hf_backend_feed_forward_init", "the transformers backend's init misses Llama 4's feed_forward, "
