@@ -17,9 +17,10 @@ def test_patches_are_named_gated_and_explained():
     from primus.runtime.patches import Where
 
     names = [p.name for p in PATCHES]
-    assert names == ["cpu_device_type", "triton_import_stub", "set_timeout_alias", "gloo_sum_reduction",
+    assert names == ["compile_on_first_call", "cpu_device_type", "triton_import_stub", "set_timeout_alias", "gloo_sum_reduction",
                      "sharded_init_on_cpu", "pipeline_presplit_microbatches", "peak_flops_from_primus_table",
-                     "checkpoint_on_transient_group", "hf_backend_feed_forward_sharding",
+                     "checkpoint_on_transient_group", "end_of_training_barrier", "no_download_count_ping",
+                     "hf_backend_feed_forward_sharding",
                      "hf_backend_feed_forward_init", "hf_backend_rope_buffers", "hf_backend_chunked_attention_masks",
                      "hf_backend_sdpa_on_cpu", "float8_on_cpu", "llama4_moe_float8_add"]
     for patch in PATCHES:
@@ -188,3 +189,121 @@ def test_float8_on_cpu():
     assert "refused: Failed to swap to Float8Linear because float8 is only supported on NVIDIA SM89" in bare.stdout
     fixed = _python(FLOAT8_CONVERTER.format(patch="print([n for n in apply_patches(('float8',)) if n.startswith('float8')])"))
     assert fixed.stdout.split("\n")[:2] == ["['float8_on_cpu']", "built True"], fixed.stdout + fixed.stderr[-2000:]
+
+
+def test_end_of_training_barrier_skips_the_rank_zero_sleep_and_undoes_cleanly():
+    import time
+
+    from primus.backends.torchtitan.patches import end_of_training_barrier
+    from primus.runtime.patches import Swaps
+    from primus.runtime.registry import get_adapter
+
+    trainer = get_adapter("torchtitan").import_module("torchtitan.trainer")
+
+    original_train, original_time = trainer.Trainer.train, trainer.time
+    swaps = Swaps()
+    end_of_training_barrier(swaps)
+    try:
+        start = time.perf_counter()
+        trainer.time.sleep(2)  # Trainer.train's last call on rank 0 (upstream: 2 s, every run)
+        assert time.perf_counter() - start < 1.0
+        assert trainer.time.perf_counter is time.perf_counter  # its other uses of `time` unchanged
+        assert trainer.Trainer.train is not original_train  # ends with a barrier where there are peers
+    finally:
+        swaps.restore()
+    assert trainer.Trainer.train is original_train and trainer.time is original_time
+
+
+BARRIER = """
+import os, time, torch.distributed as dist
+from contextlib import nullcontext
+from types import SimpleNamespace
+from primus.backends.torchtitan.patches import apply_patches
+apply_patches()
+import torchtitan.trainer as trainer
+dist.init_process_group("gloo")
+
+class Finished(trainer.Trainer):  # a trainer whose loop is over: train() runs only its ending
+    def __init__(self):
+        self.step, self.dataloader = 0, []
+        self.config = SimpleNamespace(checkpoint=SimpleNamespace(load_step=-1), dump_folder=".",
+                                      profiler=SimpleNamespace(build=lambda **kwargs: nullcontext()))
+        self.checkpointer = SimpleNamespace(load=lambda step: None)
+
+    def should_continue_training(self):
+        return False
+
+if dist.get_rank() == 1:
+    time.sleep(3)  # the slower rank finishes training 3 s later: longer than TorchTitan's own 2 s sleep
+start = time.perf_counter()
+Finished().train()
+print("rank", dist.get_rank(), "waited", round(time.perf_counter() - start, 2), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.e2e
+def test_end_of_training_barrier_holds_rank_zero_until_the_last_rank_finished(tmp_path):
+    """Two gloo ranks: rank 1 leaves its training loop 3 s later; rank 0 waits for it at the barrier (upstream
+    it sleeps a fixed 2 s and leaves first), so both leave ``train`` together."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("applied on hosts without a GPU")
+    script = tmp_path / "barrier.py"
+    script.write_text(BARRIER)
+    result = subprocess.run(["timeout", "-k", "5", "120", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node=2", "--tee=3", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    waits = {words[1]: float(words[3]) for words in (line.split("]:")[-1].split() for line in result.stdout.splitlines())
+             if len(words) == 4 and words[2] == "waited"}
+    assert waits["0"] >= 2.5, result.stdout  # held by the barrier until rank 1 arrived (upstream: 2.0)
+    assert waits["1"] < 1.0, result.stdout  # the last rank passes at once
+
+
+def test_no_download_count_ping_turns_the_s3_head_request_off_unless_the_user_set_it(monkeypatch):
+    pytest.importorskip("datasets")
+    import datasets.config
+    import datasets.load
+
+    from primus.backends.torchtitan.patches import PATCHES
+    from primus.runtime.patches import Patcher, Where
+
+    pings = []
+    monkeypatch.setattr(datasets.load, "get_session", lambda: type("S", (), {"head": lambda *a, **k: pings.append(a)})())
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", True)
+    monkeypatch.delenv("HF_UPDATE_DOWNLOAD_COUNTS", raising=False)
+    datasets.load.increase_load_count("json")
+    assert len(pings) == 1  # upstream: a HEAD request to S3 for a local file's builder
+    record = [p for p in PATCHES if p.name == "no_download_count_ping"]
+    with Patcher(record, Where(gpu=False, uses=frozenset())) as patcher:
+        assert patcher.names() == ["no_download_count_ping"]
+        datasets.load.increase_load_count("json")
+    assert len(pings) == 1 and datasets.config.HF_UPDATE_DOWNLOAD_COUNTS is True  # none made; undone after
+    monkeypatch.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "1")
+    with Patcher(record, Where(gpu=False, uses=frozenset())) as patcher:
+        assert patcher.names() == []  # the user's own setting is kept
+
+
+COMPILE_PROBE = """
+import sys, torch
+from primus.runtime.registry import get_adapter
+get_adapter("torchtitan").import_engine()
+from torchtitan.models.common.attention import FlexAttention, _compiled_create_block_mask
+print("inductor imported:", "torch._inductor.compile_fx" in sys.modules, "compile restored:", torch.compile.__module__)
+"""
+
+
+@pytest.mark.e2e
+def test_compile_on_first_call_keeps_inductor_out_of_torchtitans_import():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("applied on hosts without a GPU")
+    bare = _python("from primus.backends.torchtitan.patches import triton_import_stub as t; t(); "
+                   "import sys, torchtitan.models.common.attention; print('torch._inductor.compile_fx' in sys.modules)")
+    assert bare.stdout.strip() == "True"  # upstream: the class body's torch.compile imports Inductor
+    fixed = _python(COMPILE_PROBE)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert "inductor imported: False compile restored: torch" in fixed.stdout
