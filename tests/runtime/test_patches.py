@@ -15,12 +15,13 @@ from primus.runtime.patches import ALWAYS, NO_GPU, Patch, Patcher, Swaps, Where,
 # the patches that exist because there is no CUDA/ROCm device, per engine
 CPU_ONLY = {
     "torchtitan": {"cpu_device_type", "triton_import_stub", "gloo_sum_reduction", "sharded_init_on_cpu",
-                   "checkpoint_on_transient_group", "hf_backend_sdpa_on_cpu", "float8_on_cpu"},
+                   "checkpoint_on_transient_group", "hf_backend_sdpa_on_cpu", "float8_on_cpu", "compile_on_first_call",
+                   "end_of_training_barrier"},
     "megatron": {"patch_current_device", "patch_rng_tracker", "patch_recompute_rng", "patch_cuda_device_arguments",
                  "patch_param_type_checks", "patch_moe_router_gemm_name",
                  "patch_alltoall_dispatcher_without_cuda_streams", "patch_cpu_expert_init_across_ep_ranks",
                  "patch_torch_fsdp2_cpu_mesh", "patch_lazy_fusion_compile", "patch_checkpoint_results_queue_by_fork"},
-    "nemo_automodel": {"llm_recipe_on_cpu", "checkpoint_on_transient_group"},
+    "nemo_automodel": {"llm_recipe_on_cpu", "checkpoint_on_transient_group", "compile_on_first_call"},
 }
 EVERY_PART = frozenset({"float8", "llama4", "llm", "diffusion", "sanitize_nan_grads"})
 

@@ -279,9 +279,44 @@ def transient_checkpoint_groups(swap: Swaps = PERMANENT) -> None:
     swap.enter(checkpoint_on_transient_group())
 
 
+COMPILING_AT_IMPORT = frozenset({  # those an LLM or Wan run imports (and the launcher planning one)
+    "nemo_automodel.components.models.common.utils", "nemo_automodel.components.moe.megatron.moe_utils",
+    "nemo_automodel.components.moe.experts", "nemo_automodel.components.models.gpt_oss.rope_utils",
+    "nemo_automodel.components.models.bagel.modeling_qwen2_packed"})
+
+
+def compile_on_first_call(swap: Swaps = PERMANENT) -> None:
+    """AutoModel 0.7.0 decorates functions with ``@torch.compile`` at import (``models/common/utils.py``,
+    ``moe/megatron/moe_utils.py``, ``moe/experts.py``, ...; an LLM recipe imports them all), which imports
+    Inductor's ``compile_fx`` (about 1 s of CPU) in every process that imports AutoModel (the launcher planning
+    a run, each rank), whether or not one is called. They compile on their first call instead, with the same
+    arguments (``primus.runtime.lazy_compile``).
+    It acts on AutoModel's first import, so ``primus.backends.nemo_automodel`` installs it when imported; a
+    run's ``Patcher`` finds it in place (the finder is inert afterwards)."""
+    from primus.runtime.lazy_compile import DeferredCompileFinder
+
+    if not any(isinstance(finder, DeferredCompileFinder) and finder.modules == COMPILING_AT_IMPORT
+               for finder in sys.meta_path):
+        sys.meta_path.insert(0, DeferredCompileFinder(COMPILING_AT_IMPORT, _compile_on_first_call_here))
+
+
+def _compile_on_first_call_here() -> bool:
+    """The record's verdict for this host, without ``torch.cuda.get_device_name`` (no CUDA context in a launcher)."""
+    import torch
+
+    from primus.runtime.patches import Where
+
+    return COMPILE_ON_FIRST_CALL.verdict(Where(torch.cuda.is_available(), uses=frozenset()))[0]
+
+
 AUTOMODEL = SpecifierSet(">=0.7.0")  # written against 0.7.0; check_version warns on any other
 
+COMPILE_ON_FIRST_CALL = Patch("compile_on_first_call", "MoE and model utilities torch.compile at import, which "
+                              "imports Inductor (about 1 s of CPU per process)", "nemo-automodel", AUTOMODEL, NO_GPU,
+                              compile_on_first_call)
+
 PATCHES = [
+    COMPILE_ON_FIRST_CALL,
     Patch("llm_recipe_on_cpu", "the LLM recipe calls CUDA-only device and memory functions", "nemo-automodel",
           AUTOMODEL, uses("llm", "the run is an LLM recipe (sft, lora)") & NO_GPU, llm_recipe_on_cpu_phases),
     Patch("checkpoint_on_transient_group", "DCP on gloo's default group leaves OpenMP pools that slow every "

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from primus.backends.nemo_automodel.patches import keep_primus_logging
 
 
@@ -98,3 +100,33 @@ def test_restored_loader_keeps_the_rng():
     finally:
         swap.restore()
     assert not _draw_after_restoring_a_loader().equal(expected)
+
+
+COMPILE_PROBE = """
+import sys, torch
+{first}
+import nemo_automodel.recipes.llm.train_ft, nemo_automodel.recipes.diffusion.train
+print("inductor imported:", "torch._inductor.compile_fx" in sys.modules, "compile restored:", torch.compile.__module__)
+"""
+
+
+@pytest.mark.e2e
+def test_compile_on_first_call_keeps_inductor_out_of_automodels_import():
+    """AutoModel's import-time ``@torch.compile`` decorators import Inductor (upstream); through
+    ``primus.backends.nemo_automodel`` they compile on first call and ``torch.compile`` is torch's again."""
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("applied on hosts without a GPU")
+
+    def probe(first: str) -> str:
+        result = subprocess.run([sys.executable, "-c", COMPILE_PROBE.format(first=first)], capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout
+
+    assert "inductor imported: True" in probe("")
+    assert "inductor imported: False compile restored: torch" in probe("import primus.backends.nemo_automodel")
