@@ -36,7 +36,8 @@ CASES = {  # name -> (example, overrides, ranks): 5 steps each, the fixed cost d
     "megatron-1": ("examples/megatron/llama3_tiny-pretrain.yaml", ["train_iters=5"], 1),
     "megatron-2": ("examples/megatron/llama3_tiny-pretrain.yaml", ["train_iters=5"], 2),
     "automodel-1": ("examples/nemo_automodel/llama3_tiny-sft-lora.yaml", ["step_scheduler.max_steps=5"], 1),
-    "automodel-2": ("examples/nemo_automodel/llama3_tiny-sft-lora.yaml", ["step_scheduler.max_steps=5"], 2),
+    "automodel-2": ("examples/nemo_automodel/llama3_tiny-sft-lora.yaml",  # global batch 8 = 4 x 2 ranks
+                    ["step_scheduler.max_steps=5", "step_scheduler.local_batch_size=4"], 2),
 }
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d) ")
 
