@@ -1,7 +1,7 @@
 """The Megatron-LM arguments wired for AMD's files and Megatron-LM's own scripts, in real megatron-core
 runs on CPU: a GPT-2-style model on GPT-2 BPE data read cyclically with a sample-based schedule and
 per-token loss; finetuning from ``pretrained_checkpoint``; attention sinks and sliding windows;
-``exit_duration_in_mins``. Each run is one rank of the real worker in this process (``train_in_process``)."""
+``exit_duration_in_mins``."""
 from __future__ import annotations
 
 import json
@@ -9,16 +9,12 @@ import json
 import pytest
 import yaml
 
-from tests.backends.megatron.conftest import REPO, write_gpt2_bpe
-from tests.helpers import exit_code_in_process, read_metrics, train_in_process
+from tests.backends.megatron.conftest import REPO, run_megatron, write_gpt2_bpe
+from tests.helpers import exit_code_in_process, read_metrics
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.e2e
 
-
-
-def run_megatron(run_dir, params):
-    return train_in_process(run_dir, "megatron", params)
 
 
 TEXT = [f"document {i}: the quick brown fox jumps over the lazy dog and the dog sleeps" for i in range(200)]

@@ -1,8 +1,7 @@
 """LoRA on megatron-core (primus/backends/megatron/lora.py): a tiny LoRA SFT run from a HF checkpoint,
 TP=2 against 1 rank, resume, and `primus export` merging the adapters; the ``lora`` block's errors.
 
-The runs go through the real worker (``tests.helpers``): one rank in this process, two under torchrun;
-nothing of megatron-core is mocked.
+The runs go through the real worker under torchrun (``tests.helpers``); nothing of megatron-core is mocked.
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, cli_in_process, read_metrics, train_in_process, train_with_torchrun
+from tests.helpers import ROOT, cli_in_process, read_metrics, train_with_torchrun
 
 RANK, ALPHA = 8, 16
 TARGETS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
@@ -63,10 +62,8 @@ def _checkpoint_tensors(run_dir: Path) -> dict:
     return read_dcp_tensors(iters[-1], lambda key: not key.startswith(("optimizer", "rng_state")))
 
 
-def _train(run_dir: Path, params: dict, nproc: int = 1, resume: bool = False) -> list[dict]:
-    """The real worker: one rank in this process (the engine imported once), more under torchrun."""
-    if nproc == 1:
-        return train_in_process(run_dir, "megatron", params, stage="sft", resume=resume)
+def _torchrun(run_dir: Path, params: dict, nproc: int = 1, resume: bool = False) -> list[dict]:
+    """The real worker under torchrun (a subprocess: the test process keeps no process group or port)."""
     result = train_with_torchrun(run_dir, "megatron", params, nproc=nproc, stage="sft", resume=resume,
                                  env={"PYTHONWARNINGS": "ignore"})
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -77,7 +74,7 @@ def _train(run_dir: Path, params: dict, nproc: int = 1, resume: bool = False) ->
 def lora_run(hf_llama, instructions, tmp_path_factory):
     pytest.importorskip("megatron.core")
     run_dir = tmp_path_factory.mktemp("lora") / "run"
-    return run_dir, _train(run_dir, _params(hf_llama, instructions))
+    return run_dir, _torchrun(run_dir, _params(hf_llama, instructions))
 
 
 @pytest.mark.e2e
@@ -151,7 +148,7 @@ def test_tp2_lora_matches_one_rank(lora_run, hf_llama, instructions, tmp_path):
     _, one_rank = lora_run
     run_dir = tmp_path / "tp2"
     params = _params(hf_llama, instructions, tensor_model_parallel_size=2, save_interval=16)
-    tp2 = [r["loss"] for r in _train(run_dir, params, nproc=2)]
+    tp2 = [r["loss"] for r in _torchrun(run_dir, params, nproc=2)]
     want = [r["loss"] for r in one_rank]
     assert len(tp2) == len(want)
     assert max(abs(a - b) / b for a, b in zip(tp2, want)) < 1e-4, (tp2, want)
@@ -173,7 +170,7 @@ def test_resume_restores_base_and_adapters(lora_run, hf_llama, instructions, tmp
     run_dir = tmp_path / "resumed"
     shutil.copytree(source / "checkpoints" / "iter_0000008", run_dir / "checkpoints" / "iter_0000008")
     (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("8")
-    records = _train(run_dir, _params(hf_llama, instructions), resume=True)
+    records = _torchrun(run_dir, _params(hf_llama, instructions), resume=True)
     assert [r["step"] for r in records] == list(range(9, 17))
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in full[8:]], rel=1e-5)
 
@@ -268,7 +265,7 @@ def test_moe_routed_experts_keep_no_adapter(instructions, tmp_path):
 
     hf = build_tiny_hf_model(tmp_path / "mixtral", "mixtral", seed=7)
     run_dir = tmp_path / "moe"
-    records = _train(run_dir, _params(hf, instructions, train_iters=3, save_interval=1000, moe_grouped_gemm=False))
+    records = _torchrun(run_dir, _params(hf, instructions, train_iters=3, save_interval=1000, moe_grouped_gemm=False))
     assert len(records) == 3
     info = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
     config = json.loads((hf / "config.json").read_text())
