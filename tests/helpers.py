@@ -174,3 +174,10 @@ def train_in_workspace(workspace: Path, tiny_cache: Path, example: Path, exp_nam
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(workspace)
+
+
+def exit_code_in_process(run_dir: Path, framework: str, params: dict[str, Any], *, stage: str = "pretrain",
+                         resume: bool = False) -> int:
+    """The worker's exit code for one rank in this process: for a run that ends otherwise than 0 by design
+    (preempted: 75)."""
+    return _worker_in_process(run_dir, framework, params, stage, resume)

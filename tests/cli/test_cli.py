@@ -1,12 +1,26 @@
-"""The CLI's user-facing behaviour: one-line errors with exit 2, fast start, dry run."""
+"""The CLI's user-facing behaviour: one-line errors with exit 2, fast start, dry run.
+
+Commands that start no rank (validate, show, a refused train, --dry-run) run in this process; the tests
+about a fresh interpreter or a shell wrapper start one (marked e2e)."""
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import ROOT, TINY_EXAMPLE, write
+from tests.helpers import cli_in_process
 
-pytestmark = pytest.mark.e2e  # every test here starts Primus or an engine in another process
+
+@pytest.fixture
+def primus(workspace, tiny_cache):
+    """``primus ARGS`` in this process with PRIMUS_WORKSPACE/PRIMUS_CACHE pointing at temp dirs."""
+
+    def run(*args, env=None):
+        return cli_in_process(*args, env={**os.environ, "PRIMUS_WORKSPACE": str(workspace),
+                                          "PRIMUS_CACHE": str(tiny_cache), **(env or {})})
+
+    return run
 
 BAD_CASES = [
     # (overrides, expected fragment of the one-line error)
@@ -24,8 +38,8 @@ BAD_CASES = [
 
 
 @pytest.mark.parametrize("overrides, fragment", BAD_CASES)
-def test_bad_input_exits_2_with_one_line(run_primus, overrides, fragment):
-    result = run_primus("config", "validate", TINY_EXAMPLE, *overrides)
+def test_bad_input_exits_2_with_one_line(primus, overrides, fragment):
+    result = primus("config", "validate", TINY_EXAMPLE, *overrides)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -34,26 +48,27 @@ def test_bad_input_exits_2_with_one_line(run_primus, overrides, fragment):
     assert lines[0].startswith("primus: error: ")
 
 
-def test_error_names_the_file_and_line_that_set_the_key(run_primus, tmp_path):
+def test_error_names_the_file_and_line_that_set_the_key(primus, tmp_path):
     exp = write(tmp_path / "exp.yaml", TINY_EXAMPLE.read_text().replace("seq_len: 128", "seq_len: 128, warmup: 3"))
-    result = run_primus("config", "validate", exp)
+    result = primus("config", "validate", exp)
     assert result.returncode == 2
     assert "exp.yaml:14: modules.pre_trainer.training.warmup: unknown key" in result.stderr
 
 
-def test_train_refuses_bad_input_before_touching_the_workspace(run_primus, workspace):
-    result = run_primus("train", TINY_EXAMPLE, "training.stepz=5")
+def test_train_refuses_bad_input_before_touching_the_workspace(primus, workspace):
+    result = primus("train", TINY_EXAMPLE, "training.stepz=5")
     assert result.returncode == 2 and "did you mean 'steps'" in result.stderr
     assert not workspace.exists()
 
 
-def test_missing_file_and_bad_override_syntax(run_primus):
-    result = run_primus("train", "nope.yaml")
+def test_missing_file_and_bad_override_syntax(primus):
+    result = primus("train", "nope.yaml")
     assert result.returncode == 2 and result.stderr.strip() == "primus: error: nope.yaml: experiment file not found"
-    result = run_primus("config", "show", TINY_EXAMPLE, "steps")
+    result = primus("config", "show", TINY_EXAMPLE, "steps")
     assert result.returncode == 2 and "is not an override" in result.stderr
 
 
+@pytest.mark.e2e  # a fresh interpreter
 def test_cli_start_imports_no_torch():
     code = (
         "import sys; from primus.cli.main import main; "
@@ -66,8 +81,8 @@ def test_cli_start_imports_no_torch():
     assert "exp_name: llama3_tiny-pretrain" in result.stdout
 
 
-def test_show_why_prints_the_chain(run_primus):
-    result = run_primus("config", "show", TINY_EXAMPLE, "--why", "training.steps", "--training.steps", "9")
+def test_show_why_prints_the_chain(primus):
+    result = primus("config", "show", TINY_EXAMPLE, "--why", "training.steps", "--training.steps", "9")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "module preset (primus/configs/modules/torchtitan/pre_trainer.yaml:" in lines[1]
@@ -75,8 +90,8 @@ def test_show_why_prints_the_chain(run_primus):
     assert lines[3].strip().startswith("=> 9") and "command line '--training.steps 9'" in lines[3]
 
 
-def test_dry_run_prints_the_exact_command_and_writes_nothing(run_primus, workspace):
-    result = run_primus("train", TINY_EXAMPLE, "--dry-run", "--nproc-per-node", "2", "--master-port", "29555")
+def test_dry_run_prints_the_exact_command_and_writes_nothing(primus, workspace):
+    result = primus("train", TINY_EXAMPLE, "--dry-run", "--nproc-per-node", "2", "--master-port", "29555")
     assert result.returncode == 0, result.stderr
     command = next(l for l in result.stdout.splitlines() if l.startswith("command:"))
     assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=2 --node-rank=0 --master-addr=127.0.0.1 " \
@@ -84,18 +99,17 @@ def test_dry_run_prints_the_exact_command_and_writes_nothing(run_primus, workspa
     assert not workspace.exists()
 
 
-def test_secrets_never_reach_the_shown_config(run_primus, tmp_path):
+def test_secrets_never_reach_the_shown_config(primus, tmp_path):
     exp = write(tmp_path / "exp.yaml", TINY_EXAMPLE.read_text().replace(
         "        tiny_assets:", '        hf_token: "${PRIMUS_T_HF_TOKEN}"\n        api_key: literal-key-123\n        tiny_assets:'))
-    result = run_primus("config", "show", exp, env={"PRIMUS_T_HF_TOKEN": "hf_abcdef123456"})
+    result = primus("config", "show", exp, env={"PRIMUS_T_HF_TOKEN": "hf_abcdef123456"})
     assert result.returncode == 0, result.stderr
     assert "hf_abcdef123456" not in result.stdout and "literal-key-123" not in result.stdout
     assert "hf_token: ${PRIMUS_T_HF_TOKEN}" in result.stdout and "api_key: <redacted>" in result.stdout
 
 
+@pytest.mark.e2e  # a shell script starting Primus
 def test_run_pretrain_wrapper_is_primus_train(workspace, tiny_cache):
-    import os
-
     env = {**os.environ, "EXP": str(TINY_EXAMPLE), "PRIMUS_WORKSPACE": str(workspace),
            "PRIMUS": f"{sys.executable} -m primus.cli.main"}
     env.pop("PRIMUS")
@@ -108,6 +122,7 @@ def test_run_pretrain_wrapper_is_primus_train(workspace, tiny_cache):
     assert missing.returncode != 0 and "set EXP" in missing.stderr
 
 
+@pytest.mark.e2e  # blocks an import at interpreter start
 def test_engine_that_does_not_import_with_this_torch_is_one_line(run_primus, tmp_path):
     """As torchtitan 0.3.0 on torch 2.11 (a GPU image): its import fails on a missing torch API.
     Simulated by blocking the module at interpreter start; the launcher must say so in one line."""

@@ -1,26 +1,27 @@
 """The fake-world build: each engine's real model for one rank per pipeline stage of a 512-rank world,
 on the meta device under torch's fake process group, on this CPU; its bytes equal the plan's, and what the
-engine refuses only at that scale is one `fail:` line."""
+engine refuses only at that scale is one `fail:` line. ``plan --build`` and ``train --dry-run --build`` start
+no rank (each engine's build runs under its ``Patcher`` in the planning process): they run in this process."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import PRIMUS, ROOT
+from tests.conftest import ROOT
+from tests.helpers import cli_in_process
 
-pytestmark = pytest.mark.e2e
 WORLD_512 = ("--nproc-per-node", "8", "-N", "64")  # TP 8 x PP 8 x DP 8
 
 
-def _plan(tmp_path, *args):
+def _env(tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if k not in ("GPUS_PER_NODE", "NNODES", "WORLD_SIZE")}
-    return subprocess.run([*PRIMUS, "plan", *map(str, args), "--build"], cwd=ROOT, capture_output=True, text=True,
-                          env={**env, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path),
-                               "PRIMUS_CPU_BF16": "force"},  # the files' bf16, whether or not this CPU has bf16 units
-                          timeout=900)
+    return {**env, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path), **extra}
+
+
+def _plan(tmp_path, *args):
+    # the files' bf16, whether or not this CPU has bf16 units
+    return cli_in_process("plan", *args, "--build", env=_env(tmp_path, PRIMUS_CPU_BF16="force"))
 
 
 def _stage_rows(text: str) -> list[list[str]]:
@@ -60,11 +61,8 @@ def test_a_layout_the_engine_refuses_only_at_scale_is_one_line(tmp_path):
 
 def test_train_dry_run_builds_the_fake_world_too(tmp_path):
     pytest.importorskip("megatron.core")
-    env = {k: v for k, v in os.environ.items() if k not in ("GPUS_PER_NODE", "NNODES", "WORLD_SIZE")}
-    out = subprocess.run([*PRIMUS, "train", str(ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"),
-                          "--dry-run", "--build", "--nproc-per-node", "4", "pipeline_model_parallel_size=2"],
-                         cwd=ROOT, env={**env, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path)},
-                         capture_output=True, text=True, timeout=900)
+    out = cli_in_process("train", ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", "--dry-run", "--build",
+                         "--nproc-per-node", "4", "pipeline_model_parallel_size=2", env=_env(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "command:" in out.stdout and len(_stage_rows(out.stdout)) == 2 and "plan differs" not in out.stdout
 

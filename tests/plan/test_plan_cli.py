@@ -48,32 +48,29 @@ def test_first_line_states_world_size_and_device_and_their_source():
     assert data["world_size"] == 8 and data["layout"]["dp"] == 8 and "--nproc-per-node 8" in data["world_size_source"]
 
 
-@pytest.mark.e2e
 def test_a_layout_that_does_not_divide_the_given_world_fails(tmp_path):
     pytest.importorskip("megatron.core")
-    out = plan(ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", "--nproc-per-node", "3",
+    out = _plan_here(ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", "--nproc-per-node", "3",
                "tensor_model_parallel_size=2", env=_env(PRIMUS_CACHE=str(tmp_path)))
     assert out.returncode in (1, 2) and "world size (3) is not divisible" in out.stdout + out.stderr
 
 
-@pytest.mark.e2e
 def test_wan_2_2_a14b_plans_per_expert_from_the_latent_shape():
     # Wan's own 832x480 video, one sample per rank
     shape = ("data.dataloader.base_resolution=[832,480]", "step_scheduler.local_batch_size=1",
              "step_scheduler.global_batch_size=8")
-    out = plan(WAN_AC, "--nproc-per-node", "8", "--device", "mi300x", *shape)
+    out = _plan_here(WAN_AC, "--nproc-per-node", "8", "--device", "mi300x", *shape)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "14,288,491,584 per expert (28,576,983,168 for 2)" in text
     assert "81 frames 832x480" in text and "latent [16, 21, 60, 104] -> 32,760 video tokens" in text
     assert "FSDP2 over 8 rank(s)" in text and "activation checkpointing" in text and "fits" in text
-    bigger = plan(WAN_AC, "--nproc-per-node", "8", "--device", "mi300x", *shape, "fsdp.activation_checkpointing=false")
+    bigger = _plan_here(WAN_AC, "--nproc-per-node", "8", "--device", "mi300x", *shape, "fsdp.activation_checkpointing=false")
     assert bigger.returncode == 1 and "does NOT fit" in bigger.stdout
 
 
-@pytest.mark.e2e
 def test_tiny_wan_plans_before_and_after_its_assets_exist(tmp_path):
-    out = plan(WAN_TINY, env=_env(PRIMUS_CACHE=str(tmp_path)))
+    out = _plan_here(WAN_TINY, env=_env(PRIMUS_CACHE=str(tmp_path)))
     assert out.returncode == 0, out.stderr
     assert "tiny Wan 2.2 (transformer): 2 blocks, width 32" in out.stdout and "9 frames 64x64" in out.stdout
 

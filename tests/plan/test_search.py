@@ -107,14 +107,12 @@ def test_search_measure_reranks_the_top_layouts_by_real_runs_on_cpu(tmp_path):
         write_local_profile(cpu)
     finally:
         del os.environ["PRIMUS_PROFILE_CACHE"]
-    import subprocess
+    # the search itself in this process (cli_in_process); the measured layouts are runs it launches
+    from tests.helpers import cli_in_process
 
-    from tests.conftest import PRIMUS
-
-    out = subprocess.run([*PRIMUS, "plan", ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", "--search",
-                          "--device", "local", "--nodes", "1", "--gpus-per-node", "2", "--top", "3", "--measure", "2",
-                          "--measure-steps", "4", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=1800)
+    out = cli_in_process("plan", ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", "--search", "--device",
+                         "local", "--nodes", "1", "--gpus-per-node", "2", "--top", "3", "--measure", "2",
+                         "--measure-steps", "4", "--json", env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads(out.stdout)["rows"]
     measured = [r["measured_step_time"] for r in rows[:2]]

@@ -3,67 +3,68 @@
 The benchmark finding this guards: with the 25M preset TorchTitan ended 10 steps at loss 1.64 and
 Megatron at 4.12, because TorchTitan draws the token embedding from N(0, 1) and megatron-core from
 N(0, init_method_std = 0.02). Both models are built here for real (megatron-core's GPTModel through
-the backend's own builders, TorchTitan's Llama3Model from the backend's ModelSpec), each in a fresh
-interpreter (process group, engine patches), and their weights measured.
+the backend's own builders, TorchTitan's Llama3Model from the backend's ModelSpec), in this process
+under each engine's patches (a ``Patcher``, undone after the build; megatron-core on a one-rank group),
+and their weights measured.
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
+import tempfile
 
 import pytest
-
-from tests.backends.megatron.conftest import REPO
-
-pytestmark = pytest.mark.e2e  # every test here starts Primus or an engine in another process
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("torchtitan")
 
 SPEC = {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512, "max_seq_len": 128}
 
-MEGATRON = """
-    import os, tempfile
-    import torch, torch.distributed as dist
-    from primus.backends.megatron.patches import apply_patches
-    apply_patches()
+
+
+def _megatron(spec: dict):
+    import torch
+    import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
+
     from primus.backends.megatron.arguments import parse_args
     from primus.backends.megatron.model import Derived, build_model, transformer_config
-    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    torch.manual_seed(1234)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    args = parse_args({"model": SPEC, "seq_length": 64, "train_iters": 1, "lr": 1e-3, "mock_data": True,
-                       "micro_batch_size": 1})
-    config = transformer_config(args, on_gpu=False, derived=Derived())
-    model = build_model(args, config, 512, use_te=False)[0]
-    out = {"embedding": model.embedding.word_embeddings.weight, "head": model.output_layer.weight}
-"""
+    from primus.backends.megatron.patches import PATCHES
+    from primus.runtime.patches import Patcher, Where
 
-TORCHTITAN = """
-    from primus.backends.torchtitan.patches import apply_patches
-    apply_patches()
+    with Patcher(PATCHES, Where.here(())):
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+        try:
+            parallel_state.initialize_model_parallel()
+            torch.manual_seed(1234)
+            tensor_parallel.model_parallel_cuda_manual_seed(1234)
+            args = parse_args({"model": spec, "seq_length": 64, "train_iters": 1, "lr": 1e-3, "mock_data": True,
+                               "micro_batch_size": 1})
+            config = transformer_config(args, on_gpu=False, derived=Derived())
+            model = build_model(args, config, 512, use_te=False)[0]
+            return {"embedding": model.embedding.word_embeddings.weight, "head": model.output_layer.weight}
+        finally:
+            tensor_parallel.get_cuda_rng_tracker().reset()
+            parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+
+
+def _torchtitan(spec: dict):
     import torch
+
     from primus.backends.torchtitan.model import build_model_spec
+    from primus.backends.torchtitan.patches import PATCHES
     from primus.plan.model import ModelSpec
-    torch.manual_seed(42)
-    model = build_model_spec(ModelSpec(**SPEC), "sdpa").model.build()
-    model.init_weights()
-    out = {"embedding": model.tok_embeddings.weight, "head": model.lm_head.weight}
-"""
+    from primus.runtime.patches import Patcher, Where
+
+    with Patcher(PATCHES, Where.here(())):
+        torch.manual_seed(42)
+        model = build_model_spec(ModelSpec(**spec), "sdpa").model.build()
+        model.init_weights()
+        return {"embedding": model.tok_embeddings.weight, "head": model.lm_head.weight}
 
 
 def weight_stds(engine: str, **neutral) -> dict[str, float]:
-    body = textwrap.dedent(MEGATRON if engine == "megatron" else TORCHTITAN)
-    code = (f"import json, warnings; warnings.simplefilter('ignore')\nSPEC = {json.dumps({**SPEC, **neutral})}\n"
-            f"{body}\nprint('STDS', json.dumps({{k: float(v.detach().float().std()) for k, v in out.items()}}))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    line = next(l for l in result.stdout.splitlines() if l.startswith("STDS "))
-    return json.loads(line[len("STDS "):])
+    build = _megatron if engine == "megatron" else _torchtitan
+    return {k: float(v.detach().float().std()) for k, v in build({**SPEC, **neutral}).items()}
 
 
 def test_engine_defaults_differ_without_the_neutral_key():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, read_metrics, train_with_torchrun
+from tests.helpers import ROOT, cli_in_process, read_metrics, train_with_torchrun
 
 RANK, ALPHA = 8, 16
 TARGETS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
@@ -110,12 +110,12 @@ def test_lora_sft_trains_only_the_adapters(lora_run, hf_llama):
 
 
 @pytest.mark.e2e
-def test_export_merges_the_adapters_into_a_model_transformers_loads(lora_run, hf_llama, run_primus, tmp_path):
+def test_export_merges_the_adapters_into_a_model_transformers_loads(lora_run, hf_llama, tmp_path):
     from safetensors.torch import load_file
 
     run_dir, _ = lora_run
     out = tmp_path / "merged"
-    result = run_primus("export", run_dir, "--to", "hf", out)
+    result = cli_in_process("export", run_dir, "--to", "hf", out)  # starts no rank
     assert result.returncode == 0, result.stderr[-3000:]
     merged, base = load_file(str(out / "model.safetensors")), load_file(str(hf_llama / "model.safetensors"))
     assert sorted(merged) == sorted(base)  # the standard HF names, no adapter tensors

@@ -78,8 +78,14 @@ def differing(a: dict, b: dict) -> list[str]:
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
-def test_two_expert_parallel_ranks_initialise_the_one_rank_experts(tmp_path):
-    one = gather_experts(initial_weights(tmp_path, 1), 4)
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory) -> list[tuple[dict, dict]]:
+    """The one-rank initialisation both comparisons start from (built once)."""
+    return initial_weights(tmp_path_factory.mktemp("one_rank"), 1)
+
+
+def test_two_expert_parallel_ranks_initialise_the_one_rank_experts(tmp_path, one_rank):
+    one = gather_experts(one_rank, 4)
     two = gather_experts(initial_weights(tmp_path, 2, expert_model_parallel_size=2), 4)
     assert differing(one, two) == []  # bit for bit, experts and everything built after them
     experts = [k for k in one if expert_index(k) is not None]
@@ -94,8 +100,8 @@ def test_without_the_patch_the_second_rank_repeats_the_first_ranks_experts(tmp_p
     assert torch.equal(two[fc1.format(1)], two[fc1.format(3)])
 
 
-def test_tensor_parallel_shards_are_slices_of_the_one_rank_weights(tmp_path):
-    one = initial_weights(tmp_path, 1)[0][0]
+def test_tensor_parallel_shards_are_slices_of_the_one_rank_weights(tmp_path, one_rank):
+    one = one_rank[0][0]
     # MoE with TP needs sequence parallelism (megatron-core); it changes no initial weight
     two = gather_tensor_parallel(initial_weights(tmp_path, 2, tensor_model_parallel_size=2, sequence_parallel=True), one)
     assert differing(one, two) == []
