@@ -174,3 +174,10 @@ def train_in_workspace(workspace: Path, tiny_cache: Path, example: Path, exp_nam
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(workspace)
+
+
+def cli_in_workspace(workspace: Path, tiny_cache: Path, *argv: object) -> subprocess.CompletedProcess:
+    """``cli_in_process`` with PRIMUS_WORKSPACE/PRIMUS_CACHE at ``workspace``/``tiny_cache`` (the ``run_primus``
+    fixture's environment): for a command that starts no rank (a refusal, an export)."""
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
+    return cli_in_process(*argv, env=env)

@@ -5,12 +5,12 @@ so no test here is about a process boundary.
 """
 from __future__ import annotations
 
-import os
+import functools
 
 import pytest
 
 from tests.conftest import ROOT
-from tests.helpers import cli_in_process
+from tests.helpers import cli_in_workspace
 
 pytestmark = pytest.mark.e2e  # the engines' checkpoint importers and configs run for real
 
@@ -21,8 +21,7 @@ TORCHTITAN = ROOT / "examples" / "torchtitan" / "llama3_tiny-sft.yaml"
 @pytest.fixture
 def primus_here(workspace, tiny_cache):
     """``primus ARGS`` in this process, with PRIMUS_WORKSPACE/PRIMUS_CACHE pointing at temp dirs."""
-    return lambda *args: cli_in_process(*args, env={**os.environ, "PRIMUS_WORKSPACE": str(workspace),
-                                                    "PRIMUS_CACHE": str(tiny_cache)})
+    return functools.partial(cli_in_workspace, workspace, tiny_cache)
 
 
 @pytest.fixture(scope="module")
