@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.conftest import TINY_EXAMPLE, assert_seed_train_lines
-from tests.helpers import read_metrics
+from tests.helpers import cli_in_workspace, read_metrics
 
 pytestmark = [pytest.mark.e2e]
 pytest.importorskip("torchtitan")
@@ -22,7 +22,7 @@ def _metrics(run_dir):
     return read_metrics(run_dir)
 
 
-def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, workspace):
+def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, workspace, tiny_cache):
     result = run_primus("train", TINY_EXAMPLE, "exp_name=one")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = _run_dir(workspace, "one")
@@ -56,7 +56,7 @@ def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, worksp
     assert any((run_dir / "tensorboard").iterdir())
     assert (run_dir / "checkpoints" / "step-20").is_dir()
 
-    again = run_primus("train", TINY_EXAMPLE, "exp_name=one")
+    again = cli_in_workspace(workspace, tiny_cache, "train", TINY_EXAMPLE, "exp_name=one")  # refused before any rank
     assert again.returncode == 2 and "already holds a completed run" in again.stderr  # nothing overwritten
     assert len(_metrics(run_dir)) == 20
 
