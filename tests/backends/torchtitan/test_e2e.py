@@ -81,12 +81,12 @@ def _assert_clean_console(result, run_dir):
 
 
 def test_two_ranks_fsdp(run_primus, workspace):
-    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=two", "training.steps=8",
+    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=two", "training.steps=4",
                         "--verbose")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = _run_dir(workspace, "two")
     rows = _metrics(run_dir)
-    assert len(rows) == 8 and rows[-1]["loss"] < rows[0]["loss"]
+    assert len(rows) == 4 and rows[-1]["loss"] < rows[0]["loss"]
     assert rows[0]["samples_per_sec"] == pytest.approx(2 * rows[0]["samples_per_sec_per_gpu"])
     assert {p.name for p in (run_dir / "logs" / "pre_trainer").iterdir()} == {"rank-0", "rank-1"}
     assert result.stdout.count("[TRAIN] step=1 ") == 1  # one banner, not one per rank
