@@ -181,3 +181,10 @@ def exit_code_in_process(run_dir: Path, framework: str, params: dict[str, Any], 
     """The worker's exit code for one rank in this process: for a run that ends otherwise than 0 by design
     (preempted: 75)."""
     return _worker_in_process(run_dir, framework, params, stage, resume)
+
+
+def cli_in_workspace(workspace: Path, tiny_cache: Path, *argv: object) -> subprocess.CompletedProcess:
+    """``cli_in_process`` with PRIMUS_WORKSPACE/PRIMUS_CACHE at ``workspace``/``tiny_cache`` (the ``run_primus``
+    fixture's environment): for a command that starts no rank (a refusal, an export)."""
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
+    return cli_in_process(*argv, env=env)

@@ -1,10 +1,12 @@
-"""One rank of a Megatron model loaded from a HF checkpoint by Primus: print its logits' distance to HF's.
+"""One rank of a Megatron model loaded from a HF checkpoint by Primus: write its logits' distance to HF's.
 
     torchrun --nproc-per-node N megatron_logits_worker.py HF_DIR OUT.json TP [EP]
+    torchrun --nproc-per-node N megatron_logits_worker.py HF_DIR OUT.json TP EP HF_DIR OUT.json TP EP ...
 
 The model is built and filled exactly as the trainer does (megatron_params -> parse_args ->
 transformer_config -> build_model -> MegatronPostTraining.load_weights); rank 0 compares the
-full-vocabulary logits on fixed tokens with transformers' own model in fp32.
+full-vocabulary logits on fixed tokens with transformers' own model in fp32. Several cases (groups of
+four) share one launch: megatron-core's model-parallel state is rebuilt for each.
 """
 from __future__ import annotations
 
@@ -75,10 +77,8 @@ def finish(dist) -> int:
     return 0
 
 
-def main() -> int:
-    hf_dir, out, tp = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    ep = int(sys.argv[4]) if len(sys.argv) > 4 else 1
-    torch, dist = start(tp, ep)
+def compare(torch, dist, hf_dir: Path, out: Path, tp: int, ep: int) -> None:
+    """One case: rank 0 writes ``out``."""
     args, _, chunks = model_from_hf(hf_dir, tp, ep)
     tokens, logits = full_logits(chunks, args, tp)
     if dist.get_rank() == 0:
@@ -89,6 +89,22 @@ def main() -> int:
             reference = hf(tokens).logits
         out.write_text(json.dumps({"max_abs_diff": (logits - reference).abs().max().item(),
                                    "scale": reference.abs().max().item(), "shape": list(logits.shape)}))
+
+
+def main() -> int:
+    words = sys.argv[1:] if len(sys.argv) != 4 else [*sys.argv[1:], "1"]
+    cases = [(Path(words[i]), Path(words[i + 1]), int(words[i + 2]), int(words[i + 3]))
+             for i in range(0, len(words), 4)]
+    torch, dist = start(cases[0][2], cases[0][3])
+    for index, (hf_dir, out, tp, ep) in enumerate(cases):
+        if index:  # the next case's parallel layout on the same ranks
+            from megatron.core import parallel_state, tensor_parallel
+
+            dist.barrier()
+            parallel_state.destroy_model_parallel()
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+            tensor_parallel.model_parallel_cuda_manual_seed(1)
+        compare(torch, dist, hf_dir, out, tp, ep)
     return finish(dist)
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT
-from tests.helpers import read_metrics
+from tests.helpers import cli_in_workspace, read_metrics
 
 EXAMPLE = ROOT / "examples" / "nemo_automodel" / "llama3_tiny-sft-lora.yaml"
 
@@ -65,14 +65,15 @@ def test_lora_sft_trains_and_exports_merged(run_primus, workspace, tiny_cache, t
 
 
 @pytest.mark.e2e
-def test_an_unknown_recipe_key_is_one_line_before_launch(run_primus, workspace):
+def test_an_unknown_recipe_key_is_one_line_before_launch(workspace, tiny_cache):
+    """Refused before any rank would start: ``primus train`` in this process."""
     pytest.importorskip("nemo_automodel")
     pytest.importorskip("torchao")
-    result = run_primus("train", EXAMPLE, "step_scheduler.max_step=3")
+    result = cli_in_workspace(workspace, tiny_cache, "train", EXAMPLE, "step_scheduler.max_step=3")
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("primus: error:")]
     assert len(errors) == 1 and "modules.pre_trainer.step_scheduler" in errors[0] and "max_step" in errors[0]
-    typo = run_primus("train", EXAMPLE, "step_schedular.max_steps=3")
+    typo = cli_in_workspace(workspace, tiny_cache, "train", EXAMPLE, "step_schedular.max_steps=3")
     assert typo.returncode == 2 and "did you mean 'step_scheduler'" in typo.stderr
     assert not (workspace / "amd").exists()
 

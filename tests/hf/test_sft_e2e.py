@@ -1,4 +1,4 @@
-"""The tiny SFT examples through `primus train`, then `primus export`.
+"""The tiny SFT examples through `primus train`, then `primus export` (in this process: it starts no rank).
 
 HF checkpoint -> SFT on Megatron / TorchTitan (the log names the checkpoint, the loss falls) ->
 `primus export` -> transformers loads it and generates. A run whose step changes no weight
@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT
-from tests.helpers import read_evals, read_metrics
+from tests.helpers import cli_in_workspace, read_evals, read_metrics
 
 pytestmark = [pytest.mark.e2e]
 MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-sft.yaml"
@@ -78,12 +78,12 @@ def test_tiny_sft_trains_from_the_hf_checkpoint_and_exports_a_model_that_generat
     assert info.count("[EVAL] step=") == len(evals)
 
     out = tmp_path / "hf"
-    exported = run_primus("export", run_dir, "--to", "hf", out)
+    exported = cli_in_workspace(workspace, tiny_cache, "export", run_dir, "--to", "hf", out)
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert "step 30" in exported.stdout
     answer = _generate(out)
     assert answer.strip(), answer
-    again = run_primus("export", run_dir, "--to", "hf", out)
+    again = cli_in_workspace(workspace, tiny_cache, "export", run_dir, "--to", "hf", out)
     assert again.returncode == 2 and "never overwrites" in again.stderr
 
 
@@ -103,7 +103,7 @@ def test_hf_to_primus_to_hf_is_bit_identical(example, nproc, overrides, run_prim
     result = run_primus("train", example, "--nproc-per-node", nproc, f"exp_name={name}", *overrides, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = tmp_path / "hf"
-    exported = run_primus("export", workspace / "amd" / "root" / name, "--to", "hf", out)
+    exported = cli_in_workspace(workspace, tiny_cache, "export", workspace / "amd" / "root" / name, "--to", "hf", out)
     assert exported.returncode == 0, exported.stderr[-3000:]
     _assert_same_tensors(out, tiny_cache / "tiny_sft" / "hf" / "llama_tiny")
 
@@ -112,14 +112,15 @@ def test_hf_to_primus_to_hf_is_bit_identical(example, nproc, overrides, run_prim
     (ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", ["train_iters=2", "save_interval=2"]),
     (ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml", ["training.steps=2", "checkpoint.interval=2"]),
 ], ids=["megatron", "torchtitan"])
-def test_a_pretraining_run_exports_too(example, overrides, run_primus, workspace, tmp_path):
+def test_a_pretraining_run_exports_too(example, overrides, run_primus, workspace, tiny_cache, tmp_path):
     """No HF source: config.json comes from the run's ModelSpec, the tokenizer from the run's."""
     pytest.importorskip("transformers")
     name = f"pretrain-export-{example.parent.name}"
     result = run_primus("train", example, f"exp_name={name}", *overrides, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = tmp_path / "hf"
-    exported = run_primus("export", workspace / "amd" / "root" / name, "--to", "hf", out, "--step", "2")
+    exported = cli_in_workspace(workspace, tiny_cache, "export", workspace / "amd" / "root" / name, "--to", "hf", out,
+                                "--step", "2")
     assert exported.returncode == 0, exported.stderr[-3000:]
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -128,5 +129,6 @@ def test_a_pretraining_run_exports_too(example, overrides, run_primus, workspace
     ids = tokenizer("the cat sees the red ball", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
-    missing = run_primus("export", workspace / "amd" / "root" / name, "--to", "hf", tmp_path / "x", "--step", "7")
+    missing = cli_in_workspace(workspace, tiny_cache, "export", workspace / "amd" / "root" / name, "--to", "hf",
+                               tmp_path / "x", "--step", "7")
     assert missing.returncode == 2 and "--step 7: no checkpoint of that step" in missing.stderr

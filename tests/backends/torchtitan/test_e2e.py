@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.conftest import TINY_EXAMPLE, assert_seed_train_lines
-from tests.helpers import read_metrics
+from tests.helpers import cli_in_workspace, read_metrics
 
 pytestmark = [pytest.mark.e2e]
 pytest.importorskip("torchtitan")
@@ -22,7 +22,7 @@ def _metrics(run_dir):
     return read_metrics(run_dir)
 
 
-def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, workspace):
+def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, workspace, tiny_cache):
     result = run_primus("train", TINY_EXAMPLE, "exp_name=one")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = _run_dir(workspace, "one")
@@ -56,7 +56,7 @@ def test_single_rank_training_leaves_the_full_experiment_tree(run_primus, worksp
     assert any((run_dir / "tensorboard").iterdir())
     assert (run_dir / "checkpoints" / "step-20").is_dir()
 
-    again = run_primus("train", TINY_EXAMPLE, "exp_name=one")
+    again = cli_in_workspace(workspace, tiny_cache, "train", TINY_EXAMPLE, "exp_name=one")  # refused before any rank
     assert again.returncode == 2 and "already holds a completed run" in again.stderr  # nothing overwritten
     assert len(_metrics(run_dir)) == 20
 
@@ -81,12 +81,12 @@ def _assert_clean_console(result, run_dir):
 
 
 def test_two_ranks_fsdp(run_primus, workspace):
-    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=two", "training.steps=8",
+    result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=two", "training.steps=4",
                         "--verbose")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = _run_dir(workspace, "two")
     rows = _metrics(run_dir)
-    assert len(rows) == 8 and rows[-1]["loss"] < rows[0]["loss"]
+    assert len(rows) == 4 and rows[-1]["loss"] < rows[0]["loss"]
     assert rows[0]["samples_per_sec"] == pytest.approx(2 * rows[0]["samples_per_sec_per_gpu"])
     assert {p.name for p in (run_dir / "logs" / "pre_trainer").iterdir()} == {"rank-0", "rank-1"}
     assert result.stdout.count("[TRAIN] step=1 ") == 1  # one banner, not one per rank

@@ -160,58 +160,62 @@ def test_flavors_match_the_published_sizes(flavor, total, active):
     assert abs(counts.active / active - 1) < 0.02, counts
 
 
-@pytest.mark.e2e
-def test_tiny_llama4_trains_on_cpu(tmp_path, tiny_cache):
-    """The real TorchTitan trainer on the transformers backend, one rank (gloo), the learnable tiny corpus:
-    TorchTitan's llama4 debugmodel cut to 4 layers (dense/MoE interleaved, layer 3 NoPE), chunk 32 < seq 64."""
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def llama4_runs(tmp_path_factory, tiny_cache):
+    """``llama4_runs(name)`` -> (run dir, losses) of the real TorchTitan trainer on the transformers backend, one
+    rank (gloo), the learnable tiny corpus, ``STEPS`` steps: TorchTitan's llama4 debugmodel cut to 4 layers
+    (dense/MoE interleaved, layer 3 NoPE), chunk 32 < seq 64; "fp32", or "float8" (torchao's tensorwise
+    emulation in the transformers model's Linear layers) on the same data and seed. Each trains once for
+    the module."""
     from primus.data.tiny_assets import ensure_tiny_assets
     from tests.helpers import read_metrics, train_with_torchrun
 
     ensure_tiny_assets(tiny_cache / "tiny_llm")
+    root, trained = tmp_path_factory.mktemp("llama4"), {}
+    converters = {"fp32": None, "float8": {"float8": {"recipe_name": "tensorwise", "emulate": True}}}
 
-    params = {"model": {"name": "llama4", "flavor": "debugmodel", "n_layers": 4, "vocab_size": 512},
-              "primus": {"tiny_assets": str(tiny_cache / "tiny_llm")}, "optimizer": {"lr": 2e-3},
-              "lr_scheduler": {"warmup_steps": 2}, "debug": {"seed": 42},
-              "training": {"steps": 12, "local_batch_size": 4, "seq_len": 64}}
-    result = train_with_torchrun(tmp_path / "llama4", "torchtitan", params, nproc=1)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    metrics = read_metrics(tmp_path / "llama4")
-    losses = [row["loss"] for row in metrics]
+    def run(name: str) -> tuple:
+        if name not in trained:
+            params = {"model": {"name": "llama4", "flavor": "debugmodel", "n_layers": 4, "vocab_size": 512,
+                                "converters": converters[name]},
+                      "primus": {"tiny_assets": str(tiny_cache / "tiny_llm")}, "optimizer": {"lr": 2e-3},
+                      "lr_scheduler": {"warmup_steps": 2}, "debug": {"seed": 42},
+                      "training": {"steps": STEPS, "local_batch_size": 4, "seq_len": 64}}
+            result = train_with_torchrun(root / name, "torchtitan", params, nproc=1, timeout=900)
+            assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+            trained[name] = (root / name, [row["loss"] for row in read_metrics(root / name)])
+        return trained[name]
+
+    return run
+
+
+@pytest.mark.e2e
+def test_tiny_llama4_trains_on_cpu(llama4_runs):
+    run_dir, losses = llama4_runs("fp32")
     print("losses", [round(loss, 3) for loss in losses])
-    assert len(losses) == 12 and all(map(math.isfinite, losses))
+    assert len(losses) == STEPS and all(map(math.isfinite, losses))
     assert losses[-1] < 0.6 * losses[0], losses
-    written = llama4.read_config(tmp_path / "llama4" / llama4.CONFIG_DIR / "config.json")
+    written = llama4.read_config(run_dir / llama4.CONFIG_DIR / "config.json")
     assert written["model_type"] == "llama4_text" and written["num_hidden_layers"] == 4
 
 
 @pytest.mark.e2e
-def test_tiny_llama4_in_float8_follows_the_fp32_run(tmp_path, tiny_cache):
-    """40 steps on the same data and seed, the model of ``test_tiny_llama4_trains_on_cpu``: float8 (torchao's
-    tensorwise emulation in the transformers model's Linear layers) against fp32."""
-    from primus.data.tiny_assets import ensure_tiny_assets
-    from tests.helpers import read_metrics, train_with_torchrun
-
-    ensure_tiny_assets(tiny_cache / "tiny_llm")
-    runs = {}
-    for name, converters in (("fp32", None), ("float8", {"float8": {"recipe_name": "tensorwise", "emulate": True}})):
-        params = {"model": {"name": "llama4", "flavor": "debugmodel", "n_layers": 4, "vocab_size": 512,
-                            "converters": converters},
-                  "primus": {"tiny_assets": str(tiny_cache / "tiny_llm")}, "optimizer": {"lr": 2e-3},
-                  "lr_scheduler": {"warmup_steps": 2}, "debug": {"seed": 42},
-                  "training": {"steps": 40, "local_batch_size": 4, "seq_len": 64}}
-        result = train_with_torchrun(tmp_path / name, "torchtitan", params, nproc=1, timeout=900)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-        runs[name] = [row["loss"] for row in read_metrics(tmp_path / name)]
-    print("fp32", [round(loss, 3) for loss in runs["fp32"]], "float8", [round(loss, 3) for loss in runs["float8"]])
-    logs = tmp_path / "float8" / "logs" / "pre_trainer" / "rank-0"
+def test_tiny_llama4_in_float8_follows_the_fp32_run(llama4_runs):
+    """The float8 run against the fp32 run of ``test_tiny_llama4_trains_on_cpu``."""
+    (_, fp32), (float8_dir, float8) = llama4_runs("fp32"), llama4_runs("float8")
+    print("fp32", [round(loss, 3) for loss in fp32], "float8", [round(loss, 3) for loss in float8])
+    logs = float8_dir / "logs" / "pre_trainer" / "rank-0"
     info = (logs / "info.log").read_text()
     assert "derived model.converters.float8=tensorwise, 29 Linear layers" in info  # the plan's count
     assert "float8 (tensorwise, emulated): 29 Linear layers of the transformers model are torchao Float8Linear" in info
     assert "torchtitan patch applied: llama4_moe_float8_add: " in (logs / "debug.log").read_text()
-    assert len(runs["fp32"]) == len(runs["float8"]) == 40
-    assert runs["float8"][-1] < 0.6 * runs["float8"][0]  # it learns
-    assert runs["float8"][-1] == pytest.approx(runs["fp32"][-1], rel=0.05), (runs["fp32"][-1], runs["float8"][-1])
-    assert runs["float8"] != runs["fp32"]  # float8 casts ran: not the fp32 numbers
+    assert len(fp32) == len(float8) == STEPS
+    assert float8[-1] < 0.6 * float8[0]  # it learns
+    assert float8[-1] == pytest.approx(fp32[-1], rel=0.05), (fp32[-1], float8[-1])
+    assert float8 != fp32  # float8 casts ran: not the fp32 numbers
 
 
 def test_hf_backend_patches_are_named_and_gated():

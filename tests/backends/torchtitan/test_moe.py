@@ -7,7 +7,7 @@ pytestmark = [pytest.mark.e2e]
 pytest.importorskip("torchtitan")
 
 from tests.conftest import ROOT  # noqa: E402
-from tests.helpers import read_metrics
+from tests.helpers import cli_in_workspace, read_metrics
 
 MOE_EXAMPLE = ROOT / "examples" / "torchtitan" / "deepseek_v3_tiny-moe-pretrain.yaml"
 # fp32 compute: on a CPU with AVX512-BF16/AMX Primus keeps FSDP2's bf16 policy, whose rounding
@@ -51,9 +51,10 @@ def test_ep2_trains_matches_ep1_and_resumes(run_primus, workspace):
     assert [row["loss"] for row in resumed] == pytest.approx(losses[:6], rel=1e-4)
 
 
-def test_expert_parallelism_on_a_dense_model_is_refused(run_primus, workspace):
-    result = run_primus("train", ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml", "--nproc-per-node",
-                        "2", "exp_name=dense-ep", "parallelism.expert_parallel_degree=2")
+def test_expert_parallelism_on_a_dense_model_is_refused(workspace, tiny_cache):
+    """Refused before any rank would start: ``primus train`` in this process."""
+    dense = ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml"
+    result = cli_in_workspace(workspace, tiny_cache, "train", dense, "--nproc-per-node", "2", "exp_name=dense-ep", "parallelism.expert_parallel_degree=2")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "has no experts" in result.stderr
     assert not (workspace / "amd" / "root" / "dense-ep").exists()

@@ -49,6 +49,22 @@ def initial_weights(tmp_path: Path, assets: Path, layout: str, nproc: int, witho
     return torch.load(out)
 
 
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory, tiny_cache):
+    """``probed(layout, nproc, without=None)``: ``initial_weights``, probed once per distinct run for the module.
+    On one rank the layouts drop their parallelism, so "fsdp" and "tp" are the same 1-rank Llama run."""
+    root, assets = tmp_path_factory.mktemp("init_probe"), tiny_cache / "tiny_llm"
+    probes: dict[str, dict] = {}
+
+    def probe(layout: str, nproc: int, without: str | None = None) -> dict:
+        key = json.dumps([_params(layout, assets, nproc), nproc, without], sort_keys=True)
+        if key not in probes:
+            probes[key] = initial_weights(root, assets, layout, nproc, without)
+        return probes[key]
+
+    return probe
+
+
 def _duplicated_shards(weights: dict) -> list[str]:
     """Parameters whose two ranks hold equal, non-constant local shards."""
     rank0, rank1 = weights["shards"]
@@ -57,10 +73,9 @@ def _duplicated_shards(weights: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_two_rank_initial_weights_equal_one_rank_bit_for_bit(tmp_path, tiny_cache, layout):
-    assets = tiny_cache / "tiny_llm"
-    one = initial_weights(tmp_path, assets, layout, 1)["full"]
-    two = initial_weights(tmp_path, assets, layout, 2)
+def test_two_rank_initial_weights_equal_one_rank_bit_for_bit(probed, layout):
+    one = probed(layout, 1)["full"]
+    two = probed(layout, 2)
     assert sorted(two["full"]) == sorted(one)
     different = [name for name in one if not torch.equal(one[name], two["full"][name])]
     assert different == []
@@ -68,12 +83,11 @@ def test_two_rank_initial_weights_equal_one_rank_bit_for_bit(tmp_path, tiny_cach
 
 
 @pytest.mark.parametrize("layout, duplicated_example", [("fsdp", "tok_embeddings.weight")])  # one sharding shows it
-def test_without_the_patch_every_rank_initialises_the_same_shard(tmp_path, tiny_cache, layout, duplicated_example):
+def test_without_the_patch_every_rank_initialises_the_same_shard(probed, layout, duplicated_example):
     """The upstream behaviour the patch exists for (torch 2.13 DTensor: no RNG tracker on CPU): FSDP halves
     repeat, and with EP=2 expert i is a copy of expert i + E/2."""
-    assets = tiny_cache / "tiny_llm"
-    one = initial_weights(tmp_path, assets, layout, 1)["full"]
-    bare = initial_weights(tmp_path, assets, layout, 2, without="sharded_init_on_cpu")
+    one = probed(layout, 1)["full"]
+    bare = probed(layout, 2, without="sharded_init_on_cpu")
     duplicated = _duplicated_shards(bare)
     assert any(name.endswith(duplicated_example) for name in duplicated), duplicated
     assert len(duplicated) >= 8, duplicated  # fsdp: 10 of 17 parameters measured
