@@ -188,3 +188,15 @@ def cli_in_workspace(workspace: Path, tiny_cache: Path, *argv: object) -> subpro
     fixture's environment): for a command that starts no rank (a refusal, an export)."""
     env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
     return cli_in_process(*argv, env=env)
+
+
+def primus_in_workspace(workspace: Path, tiny_cache: Path, *args: object, env: dict[str, str] | None = None,
+                        timeout: int = 600) -> subprocess.CompletedProcess:
+    """``primus ARGS`` in a subprocess writing into ``workspace``, its console kept: for a module fixture
+    whose one run several tests read (``run_primus`` is per test)."""
+    from tests.conftest import PRIMUS
+
+    full_env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache),
+                "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([*PRIMUS, *map(str, args)], cwd=ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)

@@ -22,6 +22,7 @@ from primus.backends.torchtitan.recipes.common import STEP, foreign_checkpoint
 from primus.config.errors import ConfigError
 from primus.runtime.checkpoints import UnusableCheckpoint, checkpoints_in, newest_usable, problem_of
 from tests.conftest import TINY_EXAMPLE
+from tests.fault_tolerance.conftest import TRAINED
 from tests.helpers import read_metrics
 
 torch = pytest.importorskip("torch")
@@ -146,24 +147,23 @@ def test_a_damaged_legacy_checkpoint_is_moved_aside_and_one_beyond_the_tracker_n
 
 
 @pytest.mark.e2e
-def test_resume_falls_back_past_a_truncated_newest_checkpoint(run_primus, workspace):
-    pytest.importorskip("torchtitan")
-    first = run_primus("train", TINY_EXAMPLE, "exp_name=damaged", "training.steps=4", "checkpoint.interval=2")
-    assert first.returncode == 0, first.stderr[-2000:]
-    run_dir = workspace / "amd" / "root" / "damaged"
-    shard = _shard(run_dir / "checkpoints" / "step-4")
+def test_resume_falls_back_past_a_truncated_newest_checkpoint(titan_trained, run_primus, workspace):
+    """On a copy of the shared 2-step run (checkpoints step-1, step-2): step-2 cut short, step-1 is used."""
+    shutil.copytree(titan_trained, workspace)
+    run_dir = workspace / "amd" / "root" / TRAINED
+    shard = _shard(run_dir / "checkpoints" / "step-2")
     os.truncate(shard, shard.stat().st_size // 2)  # a copy cut short
     damaged_bytes = shard.read_bytes()
-    second = run_primus("train", TINY_EXAMPLE, "--resume", "exp_name=damaged", "training.steps=5",
-                        "checkpoint.interval=2")
+    second = run_primus("train", TINY_EXAMPLE, "--resume", f"exp_name={TRAINED}", "training.steps=3",
+                        "checkpoint.interval=1")
     assert second.returncode == 0, second.stderr[-2000:]
     assert f"{shard} is truncated" in second.stdout and "resuming from" in second.stdout
     info = (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
-    assert "Training starts at step 3" in info  # from step-2, not the damaged step-4
-    assert (run_dir / "checkpoints" / "step-4.damaged" / shard.name).read_bytes() == damaged_bytes  # kept as it was
-    assert (run_dir / "checkpoints" / "step-4" / ".metadata").exists()  # saved again, whole
+    assert "Training starts at step 2" in info  # from step-1, not the damaged step-2
+    assert (run_dir / "checkpoints" / "step-2.damaged" / shard.name).read_bytes() == damaged_bytes  # kept as it was
+    assert (run_dir / "checkpoints" / "step-2" / ".metadata").exists()  # saved again, whole
     steps = [r["step"] for r in read_metrics(run_dir)]
-    assert steps == [1, 2, 3, 4, 3, 4, 5]
+    assert steps == [1, 2, 2, 3]
 
 
 @pytest.mark.parametrize("tamper, said", [
@@ -190,16 +190,12 @@ def test_checkpoints_that_is_a_file_is_one_line(tmp_path):
 
 
 @pytest.mark.e2e
-def test_resume_with_checkpoints_a_regular_file_is_one_line(run_primus, workspace):
-    pytest.importorskip("torchtitan")
-    first = run_primus("train", TINY_EXAMPLE, "exp_name=tampered", "training.steps=1")
-    assert first.returncode == 0, first.stderr[-2000:]
-    checkpoints = workspace / "amd" / "root" / "tampered" / "checkpoints"
-    import shutil
-
-    shutil.rmtree(checkpoints, ignore_errors=True)
+def test_resume_with_checkpoints_a_regular_file_is_one_line(titan_trained, run_primus, workspace):
+    shutil.copytree(titan_trained, workspace)  # a copy of the shared 2-step run
+    checkpoints = workspace / "amd" / "root" / TRAINED / "checkpoints"
+    shutil.rmtree(checkpoints)
     checkpoints.write_text("not a folder")
-    second = run_primus("train", TINY_EXAMPLE, "--resume", "exp_name=tampered", "training.steps=2")
+    second = run_primus("train", TINY_EXAMPLE, "--resume", f"exp_name={TRAINED}", "training.steps=3")
     assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
     lines = second.stderr.strip().splitlines()
     assert lines == [f"primus: error: {checkpoints} is not a folder: move it away (checkpoints are saved in a "

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
+from tests.fault_tolerance.conftest import TRAINED
 from tests.helpers import read_events, read_metrics
 
 pytestmark = [pytest.mark.e2e]
@@ -110,17 +111,16 @@ def test_max_restarts_recovers_a_killed_worker_from_its_checkpoint(run_primus, w
     assert len(read_events(run_dir, "worker")) >= 1  # rank 0 of the restarted group recorded its end
 
 
-def test_resume_skips_a_partial_newest_checkpoint(run_primus, workspace):
-    first = run_primus("train", TINY_EXAMPLE, "exp_name=partial", "training.steps=4", "checkpoint.interval=2")
-    assert first.returncode == 0
-    run_dir = _run_dir(workspace, "partial")
+def test_resume_skips_a_partial_newest_checkpoint(titan_trained, run_primus, workspace):
+    shutil.copytree(titan_trained, workspace)  # a copy of the shared 2-step run: checkpoints step-1, step-2
+    run_dir = _run_dir(workspace, TRAINED)
     checkpoints = run_dir / "checkpoints"
-    shutil.copytree(checkpoints / "step-4", checkpoints / "step-6")
-    (checkpoints / "step-6" / ".metadata").unlink()  # a write killed before DCP's final metadata file
-    second = run_primus("train", TINY_EXAMPLE, "--resume", "exp_name=partial", "training.steps=6",
-                        "checkpoint.interval=2")
+    shutil.copytree(checkpoints / "step-2", checkpoints / "step-3")
+    (checkpoints / "step-3" / ".metadata").unlink()  # a write killed before DCP's final metadata file
+    second = run_primus("train", TINY_EXAMPLE, "--resume", f"exp_name={TRAINED}", "training.steps=3",
+                        "checkpoint.interval=1")
     assert second.returncode == 0, second.stderr[-2000:]
-    assert "Training starts at step 5" in (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
+    assert "Training starts at step 3" in (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
 
 
 def test_a_second_concurrent_launch_is_refused(run_primus, workspace, tiny_cache):

@@ -3,10 +3,10 @@
 import pytest
 
 from tests.conftest import ROOT
+from tests.fault_tolerance.conftest import MEGATRON, TRAINED
 from tests.helpers import read_metrics
 
 pytestmark = [pytest.mark.e2e]
-MEGATRON = ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"
 AUTOMODEL = ROOT / "examples" / "nemo_automodel" / "wan2_2_tiny-cpu.yaml"
 
 
@@ -14,9 +14,8 @@ def _losses(workspace, name):
     return [(r["step"], r["loss"]) for r in read_metrics(workspace / "amd" / "root" / name)]
 
 
-def _straight_and_split(run_primus, example, overrides, stop_step):
-    straight = run_primus("train", example, "exp_name=straight", *overrides)
-    assert straight.returncode == 0, straight.stderr[-2000:]
+def _split(run_primus, example, overrides, stop_step):
+    """``exp_name=split`` preempted (SIGTERM) after ``stop_step``, then the same command resumes it."""
     first = run_primus("train", example, "exp_name=split", *overrides,
                        env={"PRIMUS_FAULT_INJECT": f"term@rank0:step{stop_step}"})
     assert first.returncode == 75, first.stderr[-2000:]
@@ -25,11 +24,19 @@ def _straight_and_split(run_primus, example, overrides, stop_step):
     assert "resuming split" in second.stdout
 
 
-def test_megatron_resume_reproduces_the_run(run_primus, workspace):
-    pytest.importorskip("megatron.core")
-    _straight_and_split(run_primus, MEGATRON, ["train_iters=8", "save_interval=100", "eval_interval=100"], 4)
-    straight, split = _losses(workspace, "straight"), _losses(workspace, "split")
-    assert [s for s, _ in split] == list(range(1, 9))
+def _straight_and_split(run_primus, example, overrides, stop_step):
+    straight = run_primus("train", example, "exp_name=straight", *overrides)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    _split(run_primus, example, overrides, stop_step)
+
+
+def test_megatron_resume_reproduces_the_run(megatron_trained, run_primus, workspace):
+    """The straight run is the session's 4-iteration one (its checkpoints every 2 iterations change no loss);
+    stopped after iteration 2, the split run's iteration 3 checks the restored weights and data position and
+    iteration 4 the restored optimizer state and LR schedule."""
+    _split(run_primus, MEGATRON, ["train_iters=4", "save_interval=100", "eval_interval=100"], 2)
+    straight, split = _losses(megatron_trained, TRAINED), _losses(workspace, "split")
+    assert [s for s, _ in split] == list(range(1, 5))
     # fp32 on CPU: data order, RNG and LR schedule restored; equal to 1e-5 (bitwise in practice)
     assert [s for s, _ in split] == [s for s, _ in straight]
     assert [loss for _, loss in split] == pytest.approx([loss for _, loss in straight], abs=1e-5)

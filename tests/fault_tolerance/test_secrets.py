@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.conftest import TINY_EXAMPLE, write
+from tests.helpers import primus_in_workspace
 
 SECRETS = {"HF_TOKEN": "hf_PLANTEDsecret0001", "WANDB_API_KEY": "PLANTEDsecret0002",
            "PRIMUS_T_SECRET": "PLANTEDsecret0003", "DB_PASSWORD": "PLANTEDsecret0004"}
@@ -17,19 +18,35 @@ def _leaks(text: str) -> list[str]:
     return [value for value in SECRETS.values() if value in text]
 
 
+def _with_hf_token_reference(text: str) -> str:
+    return text.replace("        tiny_assets:", '        hf_token: "${HF_TOKEN}"\n        tiny_assets:')
+
+
+@pytest.fixture(scope="module")
+def secret_run(tmp_path_factory, tiny_cache):
+    """One real 2-step run that two tests read: ``hf_token: ${HF_TOKEN}`` with SECRETS in the environment,
+    and AMD's environment keys (AMD_ENV_SECRETS) among the module's settings. Its workspace and console."""
+    tmp = tmp_path_factory.mktemp("secret-run")
+    exp = _with_amd_environment_keys(tmp, _with_hf_token_reference(TINY_EXAMPLE.read_text()))
+    result = primus_in_workspace(tmp / "ws", tiny_cache, "train", exp, "exp_name=secrets", "training.steps=2",
+                                 env=SECRETS)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return tmp / "ws", result
+
+
 @pytest.mark.e2e
-def test_no_planted_secret_in_any_output(run_primus, workspace, tmp_path):
-    exp = write(tmp_path / "exp.yaml", TINY_EXAMPLE.read_text().replace(
-        "        tiny_assets:", '        hf_token: "${HF_TOKEN}"\n        tiny_assets:'))
-    outputs = []
+def test_no_planted_secret_in_any_output(secret_run, run_primus, workspace, tmp_path):
+    exp = write(tmp_path / "exp.yaml", _with_hf_token_reference(TINY_EXAMPLE.read_text()))
+    trained, train = secret_run
+    outputs = [train.stdout, train.stderr]
     for args in (["config", "show", exp], ["train", exp, "--dry-run"],
-                 ["train", exp, "exp_name=secrets", "training.steps=2"],
                  ["preflight", "--quick", "--tests", "gemm", "--report-dir", tmp_path / "preflight"]):
         result = run_primus(*args, env=SECRETS)
         assert result.returncode == 0, result.stderr[-2000:]
         outputs += [result.stdout, result.stderr]
     assert not _leaks("\n".join(outputs))
-    files = [p for root in (workspace, tmp_path / "preflight") for p in root.rglob("*") if p.is_file()]
+    files = [p for root in (trained, workspace, tmp_path / "preflight") if root.exists()
+             for p in root.rglob("*") if p.is_file()]
     assert any(p.name == "config.resolved.yaml" for p in files) and any(p.name.endswith(".pdf") for p in files)
     leaked = {str(p): _leaks(p.read_bytes().decode("utf-8", "replace")) for p in files}
     assert not {k: v for k, v in leaked.items() if v}
@@ -121,10 +138,10 @@ AMD_ENV_SECRETS = {"HF_TOKEN": "hf_PLANTEDamdENV0001", "WANDB_API_KEY": "PLANTED
                    "MY_DB_PASSWORD": "PLANTEDamdENV0003", "S3_SECRET": "PLANTEDamdENV0004"}
 
 
-def _with_amd_environment_keys(tmp_path):
+def _with_amd_environment_keys(tmp_path, text: str | None = None):
     """AMD's files put environment variables among a module's settings (``HF_TOKEN: hf_…``)."""
     lines = "".join(f"      {name}: {value}\n" for name, value in AMD_ENV_SECRETS.items())
-    text = TINY_EXAMPLE.read_text().replace("    overrides:\n", "    overrides:\n" + lines)
+    text = (TINY_EXAMPLE.read_text() if text is None else text).replace("    overrides:\n", "    overrides:\n" + lines)
     return write(tmp_path / "exp.yaml", text)
 
 
@@ -153,10 +170,8 @@ def test_an_environment_secret_among_a_modules_keys_is_never_printed_or_saved(tm
 
 
 @pytest.mark.e2e
-def test_an_environment_secret_among_a_modules_keys_is_in_no_run_file(run_primus, workspace, tmp_path):
-    exp = _with_amd_environment_keys(tmp_path)
-    result = run_primus("train", exp, "exp_name=amd-env", "training.steps=1")
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_an_environment_secret_among_a_modules_keys_is_in_no_run_file(secret_run):
+    workspace, result = secret_run
     assert "translated HF_TOKEN=<redacted>" in result.stdout + result.stderr
     files = [p for p in workspace.rglob("*") if p.is_file()]
     assert any(p.name == "info.log" for p in files)
