@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, run_cli
+from tests.helpers import CLI, WarmServer, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PRIMUS = CLI
@@ -57,6 +57,9 @@ def _unit_tests_start_no_python(request, monkeypatch):
         original(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    # a warm run forks from a server started earlier: no Popen to catch, so refuse it here
+    monkeypatch.setattr(WarmServer, "run", lambda self, args, *rest, **kwargs: pytest.fail(
+        f"a unit test ran primus {' '.join(args)[:120]} (warm): mark it e2e", pytrace=False))
 
 
 @pytest.fixture(scope="session")

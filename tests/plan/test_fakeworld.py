@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import PRIMUS, ROOT
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.e2e
 WORLD_512 = ("--nproc-per-node", "8", "-N", "64")  # TP 8 x PP 8 x DP 8
@@ -61,10 +61,9 @@ def test_a_layout_the_engine_refuses_only_at_scale_is_one_line(tmp_path):
 def test_train_dry_run_builds_the_fake_world_too(tmp_path):
     pytest.importorskip("megatron.core")
     env = {k: v for k, v in os.environ.items() if k not in ("GPUS_PER_NODE", "NNODES", "WORLD_SIZE")}
-    out = subprocess.run([*PRIMUS, "train", str(ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"),
-                          "--dry-run", "--build", "--nproc-per-node", "4", "pipeline_model_parallel_size=2"],
-                         cwd=ROOT, env={**env, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path)},
-                         capture_output=True, text=True, timeout=900)
+    out = run_cli(["train", ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml", "--dry-run", "--build",
+                   "--nproc-per-node", "4", "pipeline_model_parallel_size=2"], cwd=ROOT,
+                  env={**env, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tmp_path)}, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "command:" in out.stdout and len(_stage_rows(out.stdout)) == 2 and "plan differs" not in out.stdout
 
