@@ -190,6 +190,9 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
     ``fresh=True`` or ``PRIMUS_TEST_WARM=0`` always starts a new interpreter."""
     args = [str(a) for a in args]
     server = None if fresh else _warm_server(args, env, Path(cwd))
+    if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, for whoever tunes this
+        with open(os.environ["PRIMUS_TEST_WARM_LOG"], "a") as log:
+            log.write(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]}\n")
     if server is not None:
         return server.run(args, env, Path(cwd), timeout)
     process = subprocess.Popen([*CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -299,11 +302,13 @@ class WarmServer:
             deadline, pid, timed_out = time.monotonic() + timeout, None, False
             while selector.get_map():
                 left = deadline - time.monotonic()
-                if left <= 0 and not timed_out:
-                    timed_out = True
+                if left <= 0 and timed_out:
+                    break  # a rank's own child (not in this session, its rank gone) still holds the pipes
+                if left <= 0:
+                    timed_out, deadline = True, deadline + 30
                     if pid is not None:
                         os.killpg(pid, signal.SIGKILL)
-                for key, _ in selector.select(timeout=None if timed_out else max(left, 0.01)):
+                for key, _ in selector.select(timeout=max(left, 0.01)):
                     data = os.read(key.fd, 1 << 16)
                     if not data:
                         selector.unregister(key.fd)

@@ -1,25 +1,26 @@
-"""A warm start for the tests' ``primus`` CLI runs: a server that has imported torch and the engines
+"""A warm start for the tests' ``primus train`` runs: a server that has imported torch and one engine
 once, and forks a child per run that becomes ``python -m primus.cli.main ARGS``.
 
-Every CLI run of an e2e test pays the interpreter start and the imports of torch and an engine (4 s
-of CPU for TorchTitan) before it does anything; a 1-rank ``primus train`` runs its rank in the CLI
-process, so those imports are its whole start-up. The server (one per pytest worker, started with a
-clean ``python``) imports the engines the way a run does, through Primus' adapters (Megatron's lazy
-fusion finder, TorchTitan's triton stand-in), then drops Primus' own modules: each child imports
-Primus afresh, computing its module state from its own environment and working directory.
+Every CLI run of an e2e test paid the interpreter start and the imports of torch and its engine (4-10 s
+of CPU) before doing anything; a 1-rank ``primus train`` runs its rank in the CLI process, so those
+imports were its whole start-up. A server (one per engine and pytest process, started with a clean
+``python``) imports its engine the way a run does: with Primus' logging as the CLI sets it before
+an engine import, through Primus' adapter (Megatron's lazy-fusion finder, TorchTitan's triton
+stand-in) and its recipes' modules. It then drops Primus' own modules, so each child imports Primus
+afresh and computes its module state from its own environment and working directory.
 
-A child is a fresh run in everything a test can see: its own session (a timeout kills the launcher
-and its workers), the caller's environment, working directory, argv and stdin, stdout/stderr on
-the caller's pipes at the file-descriptor level, exit status from ``main()`` through the
-interpreter's own exit (atexit handlers, thread joins, flushes). What it cannot be: a process whose
-imported modules read a different environment. The server records every variable the preloaded
-modules read at import (``os.environ``/``os.getenv``), and a run goes warm only when the caller's
-environment agrees with the server's on those and on the variables read by C code or by the
-interpreter at start (``INTERPRETER_START``); otherwise it runs as a real subprocess
-(``warm_or_fresh`` in tests/helpers.py).
+A child is a fresh run in everything a test can see: its own session, the caller's environment,
+working directory, argv and stdin, stdout/stderr on the caller's pipes at the descriptor level, its
+exit status through the interpreter's own exit (atexit handlers, thread joins, flushes), and the
+engine's import-time warnings held for the run's warning.log (``_hold_import_records``). What it
+cannot be is a process whose imported modules read a different environment: the server records
+every variable the preloaded modules read at import (``os.environ``/``os.getenv``, and the prefixes
+of those that iterate it), and ``tests.helpers.run_cli`` forks a run only when the caller's
+environment agrees with the server's on those, on ``INTERPRETER_START`` (read by C code or by the
+interpreter at start), and its working directory is the server's; otherwise it starts a real process.
 
-Run as ``python -m tests.warm_start SOCKET ENGINE``: it prints one JSON line (the recorded reads) when ready
-and serves until its stdin closes (the pytest worker ended).
+Run as ``python -m tests.warm_start SOCKET ENGINE``: it prints one JSON line (what it recorded) when
+ready, and serves until its stdin closes (its pytest process ended).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ ENGINE_MODULES = {
                        "nemo_automodel.components.checkpoint.checkpointing", "nemo_automodel.components.config.loader"),
 }
 
+
 class _RecordingEnviron(os._Environ):
     """``os.environ`` over the same data, recording what modules other than Primus' read (Primus is
     imported afresh by each child) and who iterated it."""
@@ -66,8 +68,7 @@ class _RecordingEnviron(os._Environ):
         self._reads, self._iterated = reads, iterated
 
     def _record(self, key) -> None:
-        caller = sys._getframe(2).f_code.co_filename
-        if isinstance(key, str) and f"{os.sep}primus{os.sep}" not in caller:
+        if isinstance(key, str) and f"{os.sep}primus{os.sep}" not in _caller(sys._getframe(2)).f_code.co_filename:
             self._reads.add(key)
 
     def __getitem__(self, key):
@@ -79,11 +80,15 @@ class _RecordingEnviron(os._Environ):
         return super().__contains__(key)
 
     def __iter__(self):
-        caller = sys._getframe(1)
-        while caller and caller.f_code.co_filename.startswith("<frozen"):
-            caller = caller.f_back
-        self._iterated.append(caller.f_globals.get("__name__", "?") if caller else "?")
+        self._iterated.append(_caller(sys._getframe(1)).f_globals.get("__name__", "?"))
         return super().__iter__()
+
+
+def _caller(frame):
+    """The first frame outside ``os`` and the frozen ``collections.abc`` (``environ.get``, ``getenv``)."""
+    while frame.f_back and (frame.f_code.co_filename.startswith("<frozen") or frame.f_globals.get("__name__") == "os"):
+        frame = frame.f_back
+    return frame
 
 
 IMPORT_RECORDS: list[logging.LogRecord] = []  # what the engine logged at import, in the server
@@ -110,21 +115,22 @@ def _import_engine(engine: str) -> None:
         importlib.import_module(name)
 
 
-def _as_at_engine_import() -> list[logging.Logger]:
+def _as_at_engine_import() -> logging.Filter:
     """The logging state a ``primus`` process has when it imports an engine (``primus.cli.main._main``
     before its handler runs): warnings and root-logger records held, torch's pytree deprecation
     filtered. What the engines log at import then lands in the held list, as in a real run."""
     from primus.logs.held import hold_records_until_logs_exist
 
     hold_records_until_logs_exist(verbose=False)
-    logging.getLogger("torch.utils._pytree").addFilter(
-        lambda record: "register_constant() on Enum subclasses is deprecated" not in str(record.msg))
-    return list(logging.getLogger().handlers)
+    pytree_filter = logging.Filter()
+    pytree_filter.filter = lambda record: "register_constant() on Enum subclasses is deprecated" not in str(record.msg)
+    logging.getLogger("torch.utils._pytree").addFilter(pytree_filter)
+    return pytree_filter
 
 
-def _forget_run_state(environ_before: dict[str, str]) -> list[logging.LogRecord]:
+def _forget_run_state(environ_before: dict[str, str], pytree_filter: logging.Filter) -> list[logging.LogRecord]:
     """Undo what ``_as_at_engine_import`` set up; returns the records held meanwhile: what the engine
-    logged at import, which each child holds again (``_hold_import_records``) as a run would.""" 
+    logged at import, which each child holds again (``_hold_import_records``) as a run would."""
     from primus.logs.held import _HeldRecords
 
     root = logging.getLogger()
@@ -132,26 +138,26 @@ def _forget_run_state(environ_before: dict[str, str]) -> list[logging.LogRecord]
     for handler in held:
         root.removeHandler(handler)
     logging.captureWarnings(False)
-    logging.getLogger("torch.utils._pytree").filters.clear()
+    logging.getLogger("torch.utils._pytree").removeFilter(pytree_filter)
     os.environ.clear()
     os.environ.update(environ_before)
     return [record for handler in held for record in handler.records]
 
 
 def preload(engine: str) -> dict:
-    """Import the engines, recording the environment and working-directory reads they make; then
-    forget Primus' own modules. Returns what was recorded."""
+    """Import ``engine`` recording the environment it reads, hold what it logs; then forget Primus'
+    own modules. Returns what was recorded, for the client's checks."""
     reads: set[str] = set()
     iterated: list[str] = []
     environ_before = dict(os.environ)
     real_environ = os.environ
     os.environ = _RecordingEnviron(real_environ, reads, iterated)
     try:
-        _as_at_engine_import()
+        pytree_filter = _as_at_engine_import()
         _import_engine(engine)
     finally:
         os.environ = real_environ
-    IMPORT_RECORDS.extend(_forget_run_state(environ_before))
+    IMPORT_RECORDS.extend(_forget_run_state(environ_before, pytree_filter))
     for name in [name for name in sys.modules if name == "primus" or name.startswith("primus.")]:
         del sys.modules[name]
     import threading
