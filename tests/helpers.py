@@ -178,7 +178,6 @@ def train_in_workspace(workspace: Path, tiny_cache: Path, example: Path, exp_nam
 # ---- ``primus ARGS`` as a process: fresh, or forked from a warm server (tests/warm_start.py) ----
 
 CLI = [sys.executable, "-m", "primus.cli.main"]
-SESSION_ENV = dict(os.environ)  # the environment warm servers start with: the session's, before any test's changes
 _servers: dict[str, Any] = {}
 
 
@@ -247,7 +246,8 @@ class WarmServer:
 
         self.start_pattern = INTERPRETER_START
         self.folder = Path(tempfile.mkdtemp(prefix=f"primus-warm-{engine}-"))
-        self.env = {**SESSION_ENV, "PYTHONUNBUFFERED": "1"}
+        # this process's environment now: what an engine's import in this process (importorskip) set is in it too
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.folder / "server.log", "w") as log:
             self.process = subprocess.Popen([*CLI[:1], "-m", "tests.warm_start", str(self.folder / "socket"), engine],
                                             cwd=ROOT, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -271,7 +271,7 @@ class WarmServer:
         modules computed their state from the server's environment and working directory at import."""
         if not self.usable or str(cwd.resolve()) != self.recorded["cwd"]:
             return False
-        if any(env.get(key) != value for key, value in self.recorded["reads"].items()):
+        if any(env.get(key) != self.env.get(key) for key in self.recorded["reads"]):
             return False
         prefixes = tuple(self.recorded["prefixes"])  # read by iterating the environment at import
         started = {key for key in (*env, *self.env) if self.start_pattern.match(key) or key.startswith(prefixes)}

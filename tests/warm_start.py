@@ -162,7 +162,7 @@ def preload(engine: str) -> dict:
         del sys.modules[name]
     import threading
 
-    return {"engine": engine, "cwd": os.getcwd(), "reads": {key: os.environ.get(key) for key in sorted(reads)},
+    return {"engine": engine, "cwd": os.getcwd(), "reads": sorted(reads),  # compared with the environment the server started with
             "prefixes": sorted({ITERATED_PREFIXES[module] for module in iterated if module in ITERATED_PREFIXES}),
             "unknown_iterations": sorted(set(iterated) - set(ITERATED_PREFIXES)),
             "held": [f"{record.name}: {record.getMessage()}"[:200] for record in IMPORT_RECORDS],
