@@ -271,11 +271,14 @@ class WarmServer:
         modules computed their state from the server's environment and working directory at import."""
         if not self.usable or str(cwd.resolve()) != self.recorded["cwd"]:
             return False
-        if any(env.get(key) != self.env.get(key) for key in self.recorded["reads"]):
-            return False
+        set_by_import = self.recorded["reads"]  # what the imports read, as they left it (a default they set)
+
+        def same(key: str) -> bool:  # a value the imports read, or the one they set for themselves when unset
+            return env.get(key) == self.env.get(key) or (key in set_by_import and env.get(key) == set_by_import[key])
+
         prefixes = tuple(self.recorded["prefixes"])  # read by iterating the environment at import
         started = {key for key in (*env, *self.env) if self.start_pattern.match(key) or key.startswith(prefixes)}
-        return all(env.get(key) == self.env.get(key) for key in started)
+        return all(same(key) for key in (*set_by_import, *started))
 
     def run(self, args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         import importlib.util

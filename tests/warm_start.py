@@ -157,12 +157,13 @@ def preload(engine: str) -> dict:
         _import_engine(engine)
     finally:
         os.environ = real_environ
+    environ_after = dict(os.environ)  # with what the imports set themselves (TORCHINDUCTOR_CACHE_DIR)
     IMPORT_RECORDS.extend(_forget_run_state(environ_before, pytree_filter))
     for name in [name for name in sys.modules if name == "primus" or name.startswith("primus.")]:
         del sys.modules[name]
     import threading
 
-    return {"engine": engine, "cwd": os.getcwd(), "reads": sorted(reads),  # compared with the environment the server started with
+    return {"engine": engine, "cwd": os.getcwd(), "reads": {key: environ_after.get(key) for key in sorted(reads)},
             "prefixes": sorted({ITERATED_PREFIXES[module] for module in iterated if module in ITERATED_PREFIXES}),
             "unknown_iterations": sorted(set(iterated) - set(ITERATED_PREFIXES)),
             "held": [f"{record.name}: {record.getMessage()}"[:200] for record in IMPORT_RECORDS],
