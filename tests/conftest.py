@@ -4,15 +4,15 @@ from __future__ import annotations
 import collections
 import os
 import re
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import CLI, WarmServer, run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
-PRIMUS = [sys.executable, "-m", "primus.cli.main"]
+PRIMUS = CLI
 TINY_EXAMPLE = ROOT / "examples" / "torchtitan" / "llama3_tiny-pretrain.yaml"
 # The seed PR's [TRAIN] line, its fields in its order: parsers written for it must keep working.
 SEED_TRAIN_LINE = re.compile(r"\[TRAIN\] step=(\d+) loss=(\S+) step_time=([\d.]+)s samples_per_sec=([\d.]+) "
@@ -57,6 +57,9 @@ def _unit_tests_start_no_python(request, monkeypatch):
         original(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    # a warm run forks from a server started earlier: no Popen to catch, so refuse it here
+    monkeypatch.setattr(WarmServer, "run", lambda self, args, *rest, **kwargs: pytest.fail(
+        f"a unit test ran primus {' '.join(args)[:120]} (warm): mark it e2e", pytrace=False))
 
 
 @pytest.fixture(scope="session")
@@ -72,21 +75,13 @@ def workspace(tmp_path) -> Path:
 
 @pytest.fixture
 def run_primus(workspace, tiny_cache):
-    """Run ``primus ARGS`` with PRIMUS_WORKSPACE/PRIMUS_CACHE pointing at temp dirs."""
+    """Run ``primus ARGS`` with PRIMUS_WORKSPACE/PRIMUS_CACHE pointing at temp dirs (``tests.helpers.run_cli``:
+    a ``train`` is forked from a warm server where that is the same process; ``fresh=True``: never)."""
 
-    def run(*args: str, env: dict[str, str] | None = None, timeout: int = 300, cwd: Path = ROOT):
+    def run(*args: str, env: dict[str, str] | None = None, timeout: int = 300, cwd: Path = ROOT, fresh: bool = False):
         full_env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache),
                     "PYTHONUNBUFFERED": "1", **(env or {})}
-        # own process group: on a timeout the launcher AND its workers go, no orphans for later tests
-        process = subprocess.Popen([*PRIMUS, *map(str, args)], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-            raise
-        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        return run_cli(list(args), env=full_env, cwd=cwd, timeout=timeout, fresh=fresh)
 
     return run
 

@@ -11,6 +11,8 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -167,11 +169,8 @@ def cli_in_process(*argv: object, env: dict[str, str] | None = None) -> subproce
 def train_in_workspace(workspace: Path, tiny_cache: Path, example: Path, exp_name: str, *overrides: str) -> Path:
     """``primus train EXAMPLE exp_name=NAME OVERRIDES`` in a subprocess writing into ``workspace``, which
     it returns: a module fixture trains once and each test works on a copy of the run."""
-    from tests.conftest import PRIMUS
-
     env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
-    result = subprocess.run([*PRIMUS, "train", str(example), f"exp_name={exp_name}", *overrides], env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = run_cli(["train", str(example), f"exp_name={exp_name}", *overrides], env=env, cwd=Path.cwd(), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(workspace)
 
@@ -200,3 +199,168 @@ def primus_in_workspace(workspace: Path, tiny_cache: Path, *args: object, env: d
                 "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([*PRIMUS, *map(str, args)], cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+# ---- ``primus ARGS`` as a process: fresh, or forked from a warm server (tests/warm_start.py) ----
+
+CLI = [sys.executable, "-m", "primus.cli.main"]
+_servers: dict[str, Any] = {}
+
+
+def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python -m primus.cli.main ARGS`` with ``env`` in ``cwd``, in its own session (a timeout kills
+    the launcher and its workers). A ``train`` run is forked from a warm server that imported its
+    engine already, where that child would be the same process as a fresh one (``_warm_server``);
+    ``fresh=True`` or ``PRIMUS_TEST_WARM=0`` always starts a new interpreter."""
+    args = [str(a) for a in args]
+    server = None if fresh else _warm_server(args, env, Path(cwd))
+    if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, for whoever tunes this
+        with open(os.environ["PRIMUS_TEST_WARM_LOG"], "a") as log:
+            log.write(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]}\n")
+    if server is not None:
+        return server.run(args, env, Path(cwd), timeout)
+    process = subprocess.Popen([*CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+_FRAMEWORK = re.compile(r"\bframework\s*[:=]\s*[\"']?(torchtitan|megatron|nemo_automodel)\b")
+
+
+def _engine_of(args: list[str], cwd: Path) -> str | None:
+    """The one engine a ``train`` command names (its experiment file's ``framework:`` lines and its
+    overrides), or None where it names none or several."""
+    if not args or args[0] != "train":
+        return None
+    texts = [arg for arg in args[1:] if "framework" in arg]
+    for arg in args[1:]:
+        path = cwd / arg
+        if arg.endswith((".yaml", ".yml")) and path.is_file():
+            texts.append(path.read_text())
+    engines = {match for text in texts for match in _FRAMEWORK.findall(text)}
+    return engines.pop() if len(engines) == 1 else None
+
+
+def _warm_server(args: list[str], env: dict[str, str], cwd: Path) -> "WarmServer | None":
+    """The warm server that can run ``args`` as a fresh process would, or None."""
+    if os.environ.get("PRIMUS_TEST_WARM", "1") == "0" or "--verbose" in args or env.get("PRIMUS_VERBOSE"):
+        return None  # --verbose: Hugging Face's progress bars are decided at their import, from the verbosity
+    engine = _engine_of(args, cwd)
+    if engine is None:
+        return None
+    if engine not in _servers:
+        _servers[engine] = WarmServer(engine)
+    server = _servers[engine]
+    return server if server.same_process_for(env, cwd) else None
+
+
+class WarmServer:
+    """One ``python -m tests.warm_start`` of this pytest process, with ``engine`` imported."""
+
+    def __init__(self, engine: str):
+        import atexit
+        import tempfile
+
+        from tests.warm_start import INTERPRETER_START
+
+        self.start_pattern = INTERPRETER_START
+        self.folder = Path(tempfile.mkdtemp(prefix=f"primus-warm-{engine}-"))
+        # this process's environment now: what an engine's import in this process (importorskip) set is in it too
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(self.folder / "server.log", "w") as log:
+            self.process = subprocess.Popen([*CLI[:1], "-m", "tests.warm_start", str(self.folder / "socket"), engine],
+                                            cwd=ROOT, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=log, start_new_session=True)
+        line = self.process.stdout.readline()
+        self.recorded = json.loads(line) if line else None
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()  # the server ends when its stdin does
+            self.process.wait(timeout=30)
+
+    @property
+    def usable(self) -> bool:
+        """It started, and nothing it imported read the environment in a way it could not record."""
+        return bool(self.recorded) and not self.recorded["unknown_iterations"]
+
+    def same_process_for(self, env: dict[str, str], cwd: Path) -> bool:
+        """Would a child be the process ``python -m primus.cli.main`` with ``env`` in ``cwd`` would be? Its
+        modules computed their state from the server's environment and working directory at import."""
+        if not self.usable or str(cwd.resolve()) != self.recorded["cwd"]:
+            return False
+        set_by_import = self.recorded["reads"]  # what the imports read, as they left it (a default they set)
+
+        def same(key: str) -> bool:  # a value the imports read, or the one they set for themselves when unset
+            return env.get(key) == self.env.get(key) or (key in set_by_import and env.get(key) == set_by_import[key])
+
+        prefixes = tuple(self.recorded["prefixes"])  # read by iterating the environment at import
+        started = {key for key in (*env, *self.env) if self.start_pattern.match(key) or key.startswith(prefixes)}
+        return all(same(key) for key in (*set_by_import, *started))
+
+    def run(self, args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+        import importlib.util
+        import selectors
+        import socket
+        import time
+
+        command = [*CLI, *args]
+        request = {"args": args, "env": env, "cwd": str(cwd), "main_path": importlib.util.find_spec("primus.cli.main").origin}
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(str(self.folder / "socket"))
+            reply_fd = conn.fileno()
+            try:
+                socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, out_w, err_w])
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            chunks: dict[int, list[bytes]] = {out_r: [], err_r: [], reply_fd: []}
+            selector = selectors.DefaultSelector()
+            for fd in chunks:
+                selector.register(fd, selectors.EVENT_READ)
+            deadline, pid, timed_out = time.monotonic() + timeout, None, False
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0 and timed_out:
+                    break  # a rank's own child (not in this session, its rank gone) still holds the pipes
+                if left <= 0:
+                    timed_out, deadline = True, deadline + 30
+                    if pid is not None:
+                        os.killpg(pid, signal.SIGKILL)
+                for key, _ in selector.select(timeout=max(left, 0.01)):
+                    data = os.read(key.fd, 1 << 16)
+                    if not data:
+                        selector.unregister(key.fd)
+                        continue
+                    chunks[key.fd].append(data)
+                    if key.fd == reply_fd and pid is None and b"\n" in b"".join(chunks[key.fd]):
+                        pid = json.loads(b"".join(chunks[key.fd]).split(b"\n")[0])["pid"]
+                        if timed_out:
+                            os.killpg(pid, signal.SIGKILL)
+            selector.close()
+        os.close(out_r)
+        os.close(err_r)
+        replies = [json.loads(line) for line in b"".join(chunks.pop(reply_fd)).splitlines()]
+        stdout, stderr = (_text(b"".join(chunks[fd])) for fd in (out_r, err_r))
+        if timed_out:
+            raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
+        if len(replies) != 2:
+            raise RuntimeError(f"warm server {self.folder} ended mid-run: {replies}")
+        return subprocess.CompletedProcess(command, replies[1]["returncode"], stdout, stderr)
+
+
+def _text(data: bytes) -> str:
+    """As ``Popen(text=True)`` decodes a pipe."""
+    import locale
+
+    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")

@@ -1,6 +1,5 @@
 """Every shipped example experiment resolves and passes the engine's own validation."""
-import subprocess
-import sys
+import os
 
 import pytest
 import yaml
@@ -8,6 +7,7 @@ import yaml
 from primus.cli.main import main
 
 from tests.conftest import ROOT
+from tests.helpers import run_cli
 
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
 
@@ -47,8 +47,7 @@ def test_example_validates(example, capsys, monkeypatch):
 @pytest.mark.e2e
 def test_missing_data_path_is_refused_before_launch(tmp_path):
     example = ROOT / "examples" / "torchtitan" / "llama3.1_8B-pretrain.yaml"
-    result = subprocess.run([sys.executable, "-m", "primus.cli.main", "train", str(example),
-                             f"workspace={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_cli(["train", example, f"workspace={tmp_path}"], env=dict(os.environ), cwd=ROOT, timeout=300)
     assert result.returncode == 2
     assert "modules.pre_trainer.hf_assets_path:" in result.stderr and "does not exist" in result.stderr
     assert not any(tmp_path.iterdir())

@@ -2,7 +2,7 @@
 `config show --why`, and replacing a value the user wrote is said in one line."""
 from __future__ import annotations
 
-import subprocess
+import os
 
 import pytest
 
@@ -10,7 +10,8 @@ from primus.config.provenance import DERIVED
 from primus.compat import AMD_PRIMUS
 from primus.config.resolve import format_why, resolve_experiment
 from primus.runtime.registry import backend_defaults, backend_derived
-from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
+from tests.conftest import ROOT, TINY_EXAMPLE
+from tests.helpers import run_cli
 
 MEGATRON_TINY = ROOT / "examples" / "megatron" / "llama3_tiny-pretrain.yaml"
 
@@ -58,10 +59,8 @@ def test_megatron_tiny_assets_are_derived_too(monkeypatch, tmp_path):
 @pytest.mark.e2e
 def test_train_says_when_a_derived_value_replaces_the_users(tmp_path):
     env = {"PRIMUS_CACHE": str(tmp_path / "cache"), "PRIMUS_WORKSPACE": str(tmp_path / "ws")}
-    import os
-
-    out = subprocess.run([*PRIMUS, "train", str(TINY_EXAMPLE), "hf_assets_path=/my/tokenizer", "--dry-run"],
-                         cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    out = run_cli(["train", TINY_EXAMPLE, "hf_assets_path=/my/tokenizer", "--dry-run"], cwd=ROOT,
+                  env={**os.environ, **env}, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "[primus] derived modules.pre_trainer.hf_assets_path=" in out.stderr
     assert "replaces '/my/tokenizer' (command line 'hf_assets_path=/my/tokenizer'): primus.tiny_assets wins" in out.stderr

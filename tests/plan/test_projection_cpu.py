@@ -26,21 +26,18 @@ def test_kendall_tau():
 @pytest.mark.e2e
 def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
     pytest.importorskip("megatron.core")
-    import subprocess
-
     from primus.preflight.perf.profile import measure_local_profile
-    from tests.conftest import PRIMUS, ROOT
-    from tests.helpers import read_metrics
+    from tests.conftest import ROOT
+    from tests.helpers import read_metrics, run_cli
 
     monkeypatch.setenv("PRIMUS_PROFILE_CACHE", str(tmp_path / "profiles"))
     write_local_profile(measure_local_profile("cpu", "cpu"))
     projected, measured = [], []
     for name, exp, overrides in LAYOUTS:
         steps = "training.steps=6" if exp == TT else "train_iters=6"
-        run = subprocess.run([*PRIMUS, "train", exp, f"workspace={tmp_path}", f"exp_name={name.replace(' ', '_')}",
-                              steps, "primus.save_last_checkpoint=false", *overrides], cwd=ROOT,
-                             env={**os.environ, "PRIMUS_PROFILE_CACHE": str(tmp_path / "profiles")},
-                             capture_output=True, text=True, timeout=1200)
+        run = run_cli(["train", exp, f"workspace={tmp_path}", f"exp_name={name.replace(' ', '_')}", steps,
+                       "primus.save_last_checkpoint=false", *overrides], cwd=ROOT,
+                      env={**os.environ, "PRIMUS_PROFILE_CACHE": str(tmp_path / "profiles")}, timeout=1200)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         assert "projected vs measured (local profile)" in run.stdout + run.stderr  # the run's own summary line
         metrics = read_metrics(next(tmp_path.glob(f"*/*/{name.replace(' ', '_')}/metrics.jsonl")).parent)
