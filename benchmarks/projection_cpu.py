@@ -1,6 +1,7 @@
 """`primus plan --project --device local` against measured step times on this CPU.
 
     .venv/bin/python -m benchmarks.projection_cpu [--quick] [--steps N]
+    .venv/bin/python -m benchmarks.projection_cpu --reproject benchmarks/results/projection_cpu.json
 
 1. `primus preflight --nproc-per-node 2 --tests gemm,membw,allreduce` measures this host and writes
    the `local` profile (into a private cache directory);
@@ -78,9 +79,10 @@ def steps_key(exp: Path) -> str:
 
 
 def project_layout(exp: Path, nproc: int, overrides: list[str], threads: int | None = None,
-                   load_factor: float = 1.0) -> dict[str, Any]:
-    """The projection on the ``local`` profile; ``load_factor`` scales its compute and memory rates by
-    what a GEMM probe just before the run measured against the profile's (a shared host's load moves)."""
+                   load_factor: float = 1.0, profile=None) -> dict[str, Any]:
+    """The projection on the ``local`` profile (or ``profile``); ``load_factor`` scales its compute and
+    memory rates by what a GEMM probe just before the run measured against the profile's (a shared
+    host's load moves)."""
     from dataclasses import replace
 
     from primus.cli.plan_project import load
@@ -88,7 +90,7 @@ def project_layout(exp: Path, nproc: int, overrides: list[str], threads: int | N
     from primus.plan.projection import project
 
     loaded = load(str(exp), overrides, None, nproc, gpu=False, device="local")
-    profile = get_profile("local").for_ranks_per_node(nproc, threads)
+    profile = (profile or get_profile("local")).for_ranks_per_node(nproc, threads)
     profile = replace(profile, peak_tflops={k: v * load_factor for k, v in profile.peak_tflops.items()},
                       hbm_gbps=profile.hbm_gbps * load_factor)
     result = project(loaded.model, loaded.layout, profile, loaded.options)
@@ -150,6 +152,43 @@ def run(quick: bool, steps: int, threads: int | None = None, reprobe: bool = Fal
     return result
 
 
+def reproject(path: Path) -> dict[str, Any]:
+    """The stored points of an earlier run projected again with the current model, nothing run: the
+    same measurements, profile and load factors. A profile stored before the host-op probes existed
+    gets them measured now, on this host as it is (the one thing here that is not stored)."""
+    import json
+    from dataclasses import replace
+
+    from primus.plan.profiles import DeviceProfile
+    from primus.preflight.perf.profile import dtensor_op_s, op_dispatch_s
+
+    stored = json.loads(path.read_text())
+    data = json.loads(stored["profile"])
+    profile = DeviceProfile.from_dict(data)
+    measured_now = "op_dispatch_s" not in data
+    if measured_now:
+        op_s = op_dispatch_s()
+        profile = replace(profile, op_dispatch_s=op_s, dtensor_op_s=dtensor_op_s(op_s)[0], hides_host_ops=False)
+    threads = stored["threads_per_rank"] if isinstance(stored["threads_per_rank"], int) else None
+    points = []
+    for old in stored["points"]:
+        point = {key: old[key] for key in ("layout", "experiment", "ranks", "overrides", "rc", "measured",
+                                             "step_times", "load_factor") if key in old}
+        point["before"] = {"step_time": old["step_time"], "error": old.get("error")}
+        point.update(project_layout(REPO / old["experiment"], old["ranks"], old["overrides"], threads,
+                                    old.get("load_factor", 1.0), profile))
+        if point.get("measured"):
+            point["error"] = (point["step_time"] - point["measured"]) / point["measured"]
+        points.append(point)
+    ok = [p for p in points if p.get("measured")]
+    return {**stored, "points": points, "reprojected_from": str(path), "before": {
+                "mape": stored["mape"], "kendall_tau": stored["kendall_tau"]},
+            "host_op_costs": {"op_dispatch_s": profile.op_dispatch_s, "dtensor_op_s": profile.dtensor_op_s,
+                              "measured_now": measured_now},
+            "mape": statistics.mean(abs(p["error"]) for p in ok) if ok else None,
+            "kendall_tau": kendall_tau([p["step_time"] for p in ok], [p["measured"] for p in ok]) if ok else None}
+
+
 def markdown(r: dict[str, Any]) -> str:
     rows = [[p["layout"], p["ranks"], f"{p['measured']:.3f}" if p.get("measured") else f"failed (rc {p['rc']})",
              f"{p['step_time']:.3f}", f"{100 * p['error']:+.1f}%" if "error" in p else "n/a"] for p in r["points"]]
@@ -180,7 +219,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="on a shared, loaded host: scale the profile by a GEMM probe taken before and after "
                              "each run (the load the run saw), instead of the profile measured once at the start")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite the table in docs/plan.md")
+    parser.add_argument("--reproject", type=Path, metavar="FILE",
+                        help="project a stored result's points again with the current model (nothing is run); "
+                             "prints the table and the MAPE and tau before and after, writes nothing")
     args = parser.parse_args(argv)
+    if args.reproject:
+        result = reproject(args.reproject)
+        costs = result["host_op_costs"]
+        print(markdown(result))
+        print(f"before: MAPE {100 * result['before']['mape']:.1f}%, τ {result['before']['kendall_tau']:.2f}; "
+              f"host op {1e6 * costs['op_dispatch_s']:.2f} µs, DTensor op +{1e6 * costs['dtensor_op_s']:.2f} µs"
+              f"{' (measured now, on this host as loaded now)' if costs['measured_now'] else ''}")
+        return 0
     result = run(args.quick, args.steps, args.threads, args.reprobe)
     path = save("projection_cpu", result)
     text = markdown(result)

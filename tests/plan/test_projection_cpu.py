@@ -48,3 +48,23 @@ def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
         measured.append(min(row["step_time"] for row in metrics[2:]))
         projected.append(project_layout(exp, 1, overrides)["step_time"])
     assert kendall_tau(projected, measured) == 1.0, (projected, measured)
+
+
+def test_reproject_with_no_host_cost_gives_the_stored_projection(tmp_path, monkeypatch):
+    """--reproject re-runs only the model: with the host-op costs at zero it reproduces what was stored."""
+    import json
+
+    from benchmarks.projection_cpu import reproject
+    from primus.preflight.perf import profile
+
+    from benchmarks.common import REPO
+
+    stored = json.loads((REPO / "benchmarks" / "results" / "projection_cpu.json").read_text())
+    stored["points"] = stored["points"][:1]
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(stored))
+    monkeypatch.setattr(profile, "op_dispatch_s", lambda *a, **k: 0.0)
+    monkeypatch.setattr(profile, "dtensor_op_s", lambda *a, **k: (0.0, "zero"))
+    point = reproject(path)["points"][0]
+    assert point["step_time"] == pytest.approx(point["before"]["step_time"], rel=1e-12)
+    assert point["measured"] == stored["points"][0]["measured"]
