@@ -59,6 +59,10 @@ class ProjectionOptions:
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     gemm_dtype: str = "bf16"  # bf16 | fp8 | fp32: the transformer layers' linears
     expert_gemm_dtype: str | None = None  # the routed experts' GEMMs where an engine fixes them (None: gemm_dtype)
+    grouped_experts: bool = False  # the routed experts run as one grouped GEMM (torch._grouped_mm), not a loop
+    fsdp_copies: bool = False  # FSDP2 (TorchTitan): gathers copy the shards in and out, reduces copy the gradients
+    loss_parallel: bool = False  # TP: the loss over vocab-sharded logits, 3 all-reduces per loss chunk
+    norm_grad_allreduce: bool = False  # TP: each norm weight's gradient all-reduced on its own (DTensor Partial)
     recompute: str | None = None  # none | selective | full; None = the layout's (full or none)
     sequence_parallel: bool = True
     fused_elementwise: bool = True
@@ -111,13 +115,15 @@ class _Costs:
         self.attention_dtype = "fp32" if gemm_dtype == "fp32" else "bf16"  # fp8 runs keep attention in bf16
         self.hbm = profile.hbm_gbps * 1e9 * self.eff.hbm
 
-    def gemm(self, m: float, k: float, n: float, dtype: str | None = None) -> float:
-        """One forward GEMM (m x k) @ (k x n)."""
+    def gemm(self, m: float, k: float, n: float, dtype: str | None = None, grouped: bool = False) -> float:
+        """One forward GEMM (m x k) @ (k x n); ``grouped``: one expert's share of a grouped GEMM, at the
+        profile's grouped rate where it measured one."""
         if m <= 0 or k <= 0 or n <= 0:
             return 0.0
         dtype = dtype or self.gemm_dtype
         fp8 = dtype == "fp8"
-        rate = self.p.peak(dtype) * (self.eff.gemm_fp8 if fp8 else self.eff.gemm)
+        peak = self.p.grouped_peak(dtype) if grouped else self.p.peak(dtype)
+        rate = peak * (self.eff.gemm_fp8 if fp8 else self.eff.gemm)
         elem = 1 if fp8 else DTYPE_BYTES.get(dtype, 2)
         moved = (m * k + k * n) * elem + m * n * self.act
         seconds = max(2 * m * k * n / rate, moved / self.hbm) + self.eff.kernel_overhead_s
@@ -166,8 +172,9 @@ def _layer_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpt
         local = max(1, E // layout.ep)
         m_e = tokens_here / local
         fwd_gemm += c.gemm(T, h, E, c.attention_dtype)  # router: never fp8
-        experts = opts.expert_gemm_dtype
-        fwd_gemm += local * (c.gemm(m_e, h, (gated - 1) * fe / etp, experts) + c.gemm(m_e, fe / etp, h, experts))
+        experts, grouped = opts.expert_gemm_dtype, opts.grouped_experts
+        fwd_gemm += local * (c.gemm(m_e, h, (gated - 1) * fe / etp, experts, grouped)
+                             + c.gemm(m_e, fe / etp, h, experts, grouped))
         if model.shared_expert_ffn_hidden_size:
             sh = model.shared_expert_ffn_hidden_size
             fwd_gemm += c.gemm(T, h, (gated - 1) * sh / t) + c.gemm(T, sh / t, h)
@@ -225,8 +232,13 @@ def _head_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpti
     head = 3 * c.gemm(T, model.dim, V / t, "bf16" if opts.gemm_dtype == "fp8" else None)
     loss = c.memory(6 * T * V / t * 4, kernels=6)  # fp32 logits: softmax, loss and its gradient
     embedding = c.memory(4 * T * model.dim * c.act)  # lookup and its gradient
+    tp = 0.0
+    if opts.loss_parallel and t > 1:  # max, sum of exponentials, target logit: per loss chunk, one value a token
+        g = Groups.of(tp=t, cp=layout.cp, dp=layout.dp, pp=layout.pp, ep=layout.ep, etp=layout.expert_tp)
+        tp = 3 * max(1, layout.loss_chunks) * collective_seconds("allreduce", T * 4 / max(1, layout.loss_chunks),
+                                                                  g.tp, c.p, c.p.gpus_per_node)
     return {"compute": head + loss + embedding, "gemm": head, "attention": 0.0, "elementwise": loss + embedding,
-            "tp": 0.0, "cp": 0.0, "ep": 0.0}
+            "tp": tp, "cp": 0.0, "ep": 0.0}
 
 
 def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
@@ -298,10 +310,17 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
     backward = slowest["compute"] * 2 / 3 * hidden_by
     forward = slowest["compute"] / 3 * hidden_by
     if layout.sharding == "fsdp":  # per micro-batch: gather for forward and backward, scatter gradients
-        gather = coll("allgather", dense, param_b) + coll("allgather", experts, param_b, True)
-        scatter = coll("reducescatter", dense, grad_b) + coll("reducescatter", experts, grad_b, True)
+        units = model.n_layers + 2  # one collective per block, the embedding, the final norm with the head
+        gather = units * (coll("allgather", dense / units, param_b) + coll("allgather", experts / units, param_b, True))
+        scatter = units * (coll("reducescatter", dense / units, grad_b)
+                           + coll("reducescatter", experts / units, grad_b, True))
         per_mb = max(0.0, gather - forward) + max(0.0, gather + scatter - backward)
-        exposed = microbatches * per_mb + gather / max(1, model.n_layers)  # the first layer's gather
+        if opts.fsdp_copies:  # FSDP2: copy-in of the shard and copy-out of the whole, twice; the gradients
+            # copied into the reduce buffer, divided by the world, the shard copied out (each a read and a write)
+            n = g.grad.size
+            moved = 2 * 2 * (dense + experts) * (1 + 1 / n) * param_b + 2 * (dense + experts) * (2 + 1 / n) * grad_b
+            per_mb += c.memory(moved, fused=True, kernels=4 * units)
+        exposed = microbatches * per_mb + gather / units  # the first layer's gather
         shards, expert_shards = g.grad.size, g.expert_grad.size
     else:
         if layout.sharding == "optimizer":
@@ -318,7 +337,13 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
             gather = max(0.0, gather - forward) + gather / max(1, model.n_layers)
         exposed = reduce + gather
     local = dense / shards + experts / expert_shards
-    optimizer = c.memory(ADAM_BYTES_PER_PARAM * local, fused=True, kernels=20)
+    if p.optimizer_s_per_param:  # measured: an eager AdamW step on this host
+        optimizer = local * p.optimizer_s_per_param
+    else:
+        optimizer = c.memory(ADAM_BYTES_PER_PARAM * local, fused=True, kernels=20)
+    if opts.norm_grad_allreduce and layout.tp > 1:  # two norms a layer and the final one, each on its own
+        norms = 2 * model.n_layers // max(1, layout.pp) + 1
+        exposed += norms * collective_seconds("allreduce", model.dim * grad_b, g.tp, p, gpn)
     return exposed, optimizer
 
 
