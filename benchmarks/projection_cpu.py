@@ -17,12 +17,14 @@ A shared, loaded machine makes both the profile and the runs noisy: run it on a 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -152,23 +154,57 @@ def run(quick: bool, steps: int, threads: int | None = None, reprobe: bool = Fal
     return result
 
 
-def reproject(path: Path) -> dict[str, Any]:
+def probes_predated(data: dict[str, Any], rounds: int = 3) -> dict[str, Any]:
+    """The probes a stored CPU profile predates, measured now on this host as ratios to a probe the
+    stored profile has (a load slows both alike): grouped over plain GEMM per dtype, and AdamW's seconds
+    per parameter in bytes of the copy probe; best of ``rounds`` interleaved, one thread; gloo's
+    reduce-scatter is an all-reduce whatever the host."""
+    from primus.plan.devices import measure_cpu_gemm_tflops, measure_cpu_grouped_gemm_tflops
+    from primus.preflight.perf.profile import optimizer_s_per_param
+
+    fields: dict[str, Any] = {"reduce_scatter_as_allreduce": True}
+    if "grouped_gemm_tflops" not in data:
+        best: dict[tuple[str, str], float] = {}
+        for _ in range(rounds):
+            for dtype in ("fp32", "bf16"):
+                for kind, probe in (("grouped", measure_cpu_grouped_gemm_tflops), ("plain", measure_cpu_gemm_tflops)):
+                    best[dtype, kind] = max(best.get((dtype, kind), 0.0), probe(dtype, 1, 1.0))
+        fields["grouped_gemm_tflops"] = {
+            dtype: data["peak_tflops"][dtype] * best[dtype, "grouped"] / best[dtype, "plain"]
+            for dtype in ("fp32", "bf16") if dtype in data["peak_tflops"]}
+    if "optimizer_s_per_param" not in data:
+        import torch
+
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            src = torch.ones(2**26)  # 256 MB, beyond the caches as the probe's
+            dst = torch.empty_like(src)
+            step, copy = float("inf"), float("inf")
+            for _ in range(rounds):  # best of each, as preflight's own probes
+                step = min(step, optimizer_s_per_param())
+                for _ in range(5):
+                    start = time.perf_counter()
+                    dst.copy_(src)
+                    copy = min(copy, time.perf_counter() - start)
+            copy = 2 * src.numel() * 4 / copy  # bytes/s
+        finally:
+            torch.set_num_threads(previous)
+        fields["optimizer_s_per_param"] = step * copy / (data["hbm_gbps"] * 1e9)  # its bytes of copy, stored rate
+    return fields
+
+
+def reproject(path: Path, fill: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stored points of an earlier run projected again with the current model, nothing run: the
-    same measurements, profile and load factors. A profile stored before the host-op probes existed
-    gets them measured now, on this host as it is (the one thing here that is not stored)."""
-    import json
-    from dataclasses import replace
+    same measurements, profile and load factors. The probes a stored profile predates are measured now
+    (``probes_predated``), or taken from ``fill``."""
 
     from primus.plan.profiles import DeviceProfile
-    from primus.preflight.perf.profile import dtensor_op_s, op_dispatch_s
 
     stored = json.loads(path.read_text())
     data = json.loads(stored["profile"])
-    profile = DeviceProfile.from_dict(data)
-    measured_now = "op_dispatch_s" not in data
-    if measured_now:
-        op_s = op_dispatch_s()
-        profile = replace(profile, op_dispatch_s=op_s, dtensor_op_s=dtensor_op_s(op_s)[0], hides_host_ops=False)
+    fill = probes_predated(data) if fill is None else fill
+    profile = DeviceProfile.from_dict({**data, **fill})
     threads = stored["threads_per_rank"] if isinstance(stored["threads_per_rank"], int) else None
     points = []
     for old in stored["points"]:
@@ -183,9 +219,7 @@ def reproject(path: Path) -> dict[str, Any]:
     ok = [p for p in points if p.get("measured")]
     return {**stored, "points": points, "reprojected_from": str(path), "before": {
                 "mape": stored["mape"], "kendall_tau": stored["kendall_tau"]},
-            "host_op_costs": {"op_dispatch_s": profile.op_dispatch_s, "dtensor_op_s": profile.dtensor_op_s,
-                              "measured_now": measured_now},
-            "mape": statistics.mean(abs(p["error"]) for p in ok) if ok else None,
+            "filled": fill, "mape": statistics.mean(abs(p["error"]) for p in ok) if ok else None,
             "kendall_tau": kendall_tau([p["step_time"] for p in ok], [p["measured"] for p in ok]) if ok else None}
 
 
@@ -222,14 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reproject", type=Path, metavar="FILE",
                         help="project a stored result's points again with the current model (nothing is run); "
                              "prints the table and the MAPE and tau before and after, writes nothing")
+    parser.add_argument("--fill", type=json.loads, metavar="JSON",
+                        help="with --reproject: the profile fields the stored run predates, as JSON, instead of "
+                             "measuring them now (the line --reproject prints)")
     args = parser.parse_args(argv)
     if args.reproject:
-        result = reproject(args.reproject)
-        costs = result["host_op_costs"]
+        result = reproject(args.reproject, args.fill)
         print(markdown(result))
-        print(f"before: MAPE {100 * result['before']['mape']:.1f}%, τ {result['before']['kendall_tau']:.2f}; "
-              f"host op {1e6 * costs['op_dispatch_s']:.2f} µs, DTensor op +{1e6 * costs['dtensor_op_s']:.2f} µs"
-              f"{' (measured now, on this host as loaded now)' if costs['measured_now'] else ''}")
+        print(f"before: MAPE {100 * result['before']['mape']:.1f}%, τ {result['before']['kendall_tau']:.2f}")
+        print(f"filled: {json.dumps(result['filled'])}")
         return 0
     result = run(args.quick, args.steps, args.threads, args.reprobe)
     path = save("projection_cpu", result)
