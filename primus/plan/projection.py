@@ -23,10 +23,11 @@ Communication (``primus.plan.comm``, ring model, intra- vs inter-node links):
 * PP: a send/recv of ``b s h`` per micro-batch and virtual stage each way; the 1F1B bubble is
   ``(pp - 1) / vpp`` micro-batch times of the slowest stage.
 * DP: gradient all-reduce (``sharding: none``), reduce-scatter + parameter all-gather (distributed
-  optimizer), or per micro-batch all-gather (forward and backward) + reduce-scatter (FSDP). Overlapped
-  with backward (and forward for gathers) where the engine overlaps them; what exceeds it is exposed.
+  optimizer), or per micro-batch all-gather (forward and backward) + reduce-scatter (FSDP, one per wrapped
+  unit; FSDP2 also copies shards and gradients through its buffers). Overlapped with backward (and forward
+  for gathers) where the engine overlaps them; what exceeds it is exposed.
 * Optimizer: Adam touches ~38 bytes per local parameter (fp32 master, moments, gradient, bf16 copy, the
-  gradient-norm read), memory-bound.
+  gradient-norm read), memory-bound; a profile that measured an eager AdamW step (a CPU) gives its time.
 
 ``step = micro-batches x slowest stage's micro-batch time + bubble + exposed PP and DP traffic + optimizer``.
 MFU uses the Megatron-LM FLOP convention (``primus.plan.flops``) and the bf16 peak (an fp32 run's: the fp32
