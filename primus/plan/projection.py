@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from primus.config.errors import ConfigError
-from primus.plan.comm import Groups, collective_seconds
+from primus.plan.comm import Group, Groups, collective_seconds
 from primus.plan.estimate import estimate_memory, estimate_params
 from primus.plan.flops import flops_per_token
 from primus.plan.layout import DTYPE_BYTES, ParallelLayout
@@ -64,6 +64,8 @@ class ProjectionOptions:
     fsdp_copies: bool = False  # FSDP2 (TorchTitan): gathers copy the shards in and out, reduces copy the gradients
     loss_parallel: bool = False  # TP: the loss over vocab-sharded logits, 3 all-reduces per loss chunk
     norm_grad_allreduce: bool = False  # TP: each norm weight's gradient all-reduced on its own (DTensor Partial)
+    ep_probs_alltoall: bool = False  # EP: the routing weights get their own all-to-all beside the tokens (Megatron)
+    ep_count_exchange: str | None = None  # EP: tokens per expert exchanged each MoE layer: allgather | alltoall
     recompute: str | None = None  # none | selective | full; None = the layout's (full or none)
     sequence_parallel: bool = True
     fused_elementwise: bool = True
@@ -217,8 +219,18 @@ def _layer_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpt
         cp_comm = max(0.0, ring - fwd_attn) + max(0.0, 2 * ring - bwd_attn)
     ep_comm = 0.0
     if moe and layout.ep > 1:
-        msg = T * model.top_k * layout.expert_tp / t * h * A
-        ep_comm = (4 + (2 if recompute == "full" else 0)) * collective_seconds("alltoall", msg, g.ep, c.p, gpn)
+        routed = T * model.top_k * layout.expert_tp / t
+        tokens = collective_seconds("alltoall", routed * h * A, g.ep, c.p, gpn)  # dispatch or combine
+        # Megatron's dispatcher sends the routing weights (fp32) in an all-to-all of their own
+        probs = collective_seconds("alltoall", routed * 4, g.ep, c.p, gpn) if opts.ep_probs_alltoall else 0.0
+        counts = 0.0  # tokens per expert (int64), exchanged before the dispatch
+        if opts.ep_count_exchange == "allgather":  # Megatron: over the tp x ep group
+            counts = collective_seconds("allgather", model.n_experts * 8 * t * layout.ep, Group(t * layout.ep, 1),
+                                        c.p, gpn)
+        elif opts.ep_count_exchange == "alltoall":  # TorchTitan
+            counts = collective_seconds("alltoall", model.n_experts * 8, g.ep, c.p, gpn)
+        forward = 2 * tokens + probs + counts
+        ep_comm = forward + 2 * tokens + probs + (forward if recompute == "full" else 0.0)
     return {"gemm": 3 * fwd_gemm + {"full": fwd_gemm, "op": fwd_gemm / 2}.get(recompute, 0.0),
             "attention": fwd_attn + bwd_attn + (fwd_attn if recompute in ("full", "selective") else 0.0),
             "elementwise": 3 * fwd_elem + (fwd_elem if recompute in ("full", "op") else 0.0),

@@ -52,6 +52,10 @@ def test_engines_say_which_experts_are_grouped():
         num_layers_per_virtual_pipeline_stage = None
     # megatron-core has no grouped kernels on a CPU: SequentialMLP loops over the experts
     assert megatron(Args(), gpu=True).grouped_experts and not megatron(Args(), gpu=False).grouped_experts
+    assert not megatron(Args(), gpu=False).ep_probs_alltoall  # the allgather dispatcher (Megatron's default)
+    Args.moe_token_dispatcher_type = "alltoall"
+    alltoall = megatron(Args(), gpu=False)
+    assert alltoall.ep_probs_alltoall and alltoall.ep_count_exchange == "allgather"
 
 
 def test_gloo_reduce_scatter_costs_an_all_reduce():
@@ -119,3 +123,17 @@ def test_preflight_probes_measure_the_grouped_gemm_and_the_adam_step():
 
     assert measure_cpu_grouped_gemm_tflops("fp32", 1, budget_s=0.05, tokens=256, experts=4, dim=64, hidden=128) > 0
     assert 0 < optimizer_s_per_param(budget_s=0.05) < 1e-6  # a parameter's step: nanoseconds, not microseconds
+
+
+def test_expert_parallel_pays_the_count_exchange_and_megatron_its_routing_weights_all_to_all():
+    from primus.backends.torchtitan.projection import projection_options
+
+    lay = fp32_layout(dp=2, ep=2, global_batch_size=4)
+    opts = ProjectionOptions(gemm_dtype="fp32")
+    bare = project(MOE, lay, CPU, opts).breakdown["ep_comm"]
+    hop = CPU.intra_latency_s  # tiny messages: one hop of latency each on 2 ranks
+    counted = project(MOE, lay, CPU, replace(opts, ep_count_exchange="alltoall")).breakdown["ep_comm"]
+    assert counted - bare == pytest.approx(2 * hop, rel=0.01)  # 2 MoE layers, one exchange each, forward only
+    weights = project(MOE, lay, CPU, replace(opts, ep_probs_alltoall=True)).breakdown["ep_comm"]
+    assert weights - bare == pytest.approx(2 * 2 * hop, rel=0.05)  # forward and backward, each MoE layer
+    assert projection_options({}, gpu=False).ep_count_exchange == "alltoall"

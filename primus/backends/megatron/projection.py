@@ -27,7 +27,10 @@ def projection_options(args: Any, *, gpu: bool = True) -> ProjectionOptions:
         tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)),
         # moe_grouped_gemm runs TE's / grouped_gemm's kernels on a GPU; on a CPU megatron-core falls back to
         # SequentialMLP, a loop of plain GEMMs over the local experts
-        grouped_experts=gpu and bool(getattr(args, "moe_grouped_gemm", False)))
+        grouped_experts=gpu and bool(getattr(args, "moe_grouped_gemm", False)),
+        # the alltoall dispatcher: counts all-gathered, then tokens and their routing weights each all-to-all'd
+        ep_probs_alltoall=getattr(args, "moe_token_dispatcher_type", "allgather") == "alltoall",
+        ep_count_exchange="allgather" if getattr(args, "moe_token_dispatcher_type", "allgather") == "alltoall" else None)
 
 
 def layout_overrides(choice: dict[str, Any]) -> list[str]:

@@ -35,6 +35,7 @@ def projection_options(params: dict[str, Any], *, gpu: bool = True, converters: 
         fsdp_copies=True,  # FSDP2 wraps the model whatever the data-parallel degree
         loss_parallel=not parallel.get("disable_loss_parallel", False),
         norm_grad_allreduce=True,
+        ep_count_exchange="alltoall",  # the token dispatcher all-to-alls the tokens per expert first
         recompute={"selective": "op", "full": "full"}.get(mode, "none"),  # TorchTitan's selective is per-op
         sequence_parallel=True, fused_elementwise=gpu and compile_enabled, attention="sdpa",
         tp_comm_overlap=bool(parallel.get("enable_async_tensor_parallel", False)),
