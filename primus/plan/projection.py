@@ -66,6 +66,8 @@ class ProjectionOptions:
     norm_grad_allreduce: bool = False  # TP: each norm weight's gradient all-reduced on its own (DTensor Partial)
     ep_probs_alltoall: bool = False  # EP: the routing weights get their own all-to-all beside the tokens (Megatron)
     ep_count_exchange: str | None = None  # EP: tokens per expert exchanged each MoE layer: allgather | alltoall
+    step_allreduces: int = 0  # the engine's small all-reduces over the data-parallel ranks a step (loss, token counts)
+    grad_norm_group: str = "model"  # the gradient norm's all-reduce: model (tp x pp, + ep for experts) | world
     recompute: str | None = None  # none | selective | full; None = the layout's (full or none)
     sequence_parallel: bool = True
     fused_elementwise: bool = True
@@ -292,6 +294,7 @@ def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
     pp_comm = 2 * microbatches * vpp * collective_seconds("sendrecv", boundary, g.pp, profile, gpn) if pp > 1 else 0.0
 
     dp_comm, optimizer = _data_parallel(model, layout, opts, c, g, microbatches, slowest)
+    dp_comm += _step_bookkeeping(model, layout, opts, g, profile)
     compute = microbatches * slowest["compute"]
     step = compute + microbatches * (slowest["tp"] + slowest["cp"] + slowest["ep"]) + bubble + pp_comm + dp_comm + optimizer
     world = layout.world_size
@@ -358,6 +361,21 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
         norms = 2 * model.n_layers // max(1, layout.pp) + 1
         exposed += norms * collective_seconds("allreduce", model.dim * grad_b, g.tp, p, gpn)
     return exposed, optimizer
+
+
+def _step_bookkeeping(model, layout, opts: ProjectionOptions, g: Groups, profile: DeviceProfile) -> float:
+    """Small all-reduces once a step, latency-bound: Primus's stop flag over every rank, the engine's loss
+    and token counts over the data-parallel ranks, the gradient norm over the ranks that split the model."""
+    def tiny(size: int) -> float:
+        return collective_seconds("allreduce", 8, Group(size, 1), profile, profile.gpus_per_node)
+
+    world = layout.world_size
+    seconds = tiny(world) + opts.step_allreduces * tiny(g.grad.size)
+    if opts.grad_norm_group == "world":
+        seconds += tiny(world)
+    else:
+        seconds += tiny(layout.tp * layout.pp) + (tiny(layout.ep * layout.pp) if model.is_moe else 0.0)
+    return seconds
 
 
 def _assumptions(opts: ProjectionOptions, layout: ParallelLayout) -> list[str]:

@@ -70,8 +70,9 @@ def test_fsdp_pays_a_collective_latency_per_wrapped_unit():
     lay = fp32_layout(dp=2, global_batch_size=4, micro_batch_size=2, sharding="fsdp")
     slow = replace(CPU, intra_latency_s=0.01)
     gap = project(DENSE, lay, slow).breakdown["dp_comm"] - project(DENSE, lay, CPU).breakdown["dp_comm"]
-    # (n_layers + 2) units x (2 gathers of one hop + 1 reduce-scatter of one hop) per micro-batch, + the first gather
-    assert gap == pytest.approx(0.009 * (6 * 3 + 1), rel=1e-6)
+    # (n_layers + 2) units x (2 gathers of one hop + 1 reduce-scatter of one hop) per micro-batch, + the first
+    # gather, + Primus's stop flag all-reduced once a step (two hops)
+    assert gap == pytest.approx(0.009 * (6 * 3 + 1 + 2), rel=1e-6)
 
 
 def test_a_measured_adam_step_replaces_the_bytes_model_and_ranks_share_the_bus():
@@ -137,3 +138,15 @@ def test_expert_parallel_pays_the_count_exchange_and_megatron_its_routing_weight
     weights = project(MOE, lay, CPU, replace(opts, ep_probs_alltoall=True)).breakdown["ep_comm"]
     assert weights - bare == pytest.approx(2 * 2 * hop, rel=0.05)  # forward and backward, each MoE layer
     assert projection_options({}, gpu=False).ep_count_exchange == "alltoall"
+
+
+def test_each_step_pays_its_small_all_reduces_where_there_are_ranks_to_reduce_over():
+    one_rank = project(DENSE, fp32_layout(), CPU, ProjectionOptions(gemm_dtype="fp32", step_allreduces=4))
+    assert one_rank.breakdown["dp_comm"] == 0.0  # nothing to reduce over on one rank
+    lay = fp32_layout(dp=2, global_batch_size=4)
+    hop = CPU.intra_latency_s
+    base = project(DENSE, lay, CPU, ProjectionOptions(gemm_dtype="fp32")).breakdown["dp_comm"]
+    more = project(DENSE, lay, CPU, ProjectionOptions(gemm_dtype="fp32", step_allreduces=4)).breakdown["dp_comm"]
+    assert more - base == pytest.approx(4 * 2 * hop, rel=0.01)  # an all-reduce on 2 ranks: two hops
+    world = project(DENSE, lay, CPU, ProjectionOptions(gemm_dtype="fp32", grad_norm_group="world")).breakdown
+    assert world["dp_comm"] - base == pytest.approx(2 * hop, rel=0.01)  # DP-only Megatron: its norm reduces nothing

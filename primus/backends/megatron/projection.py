@@ -30,7 +30,9 @@ def projection_options(args: Any, *, gpu: bool = True) -> ProjectionOptions:
         grouped_experts=gpu and bool(getattr(args, "moe_grouped_gemm", False)),
         # the alltoall dispatcher: counts all-gathered, then tokens and their routing weights each all-to-all'd
         ep_probs_alltoall=getattr(args, "moe_token_dispatcher_type", "allgather") == "alltoall",
-        ep_count_exchange="allgather" if getattr(args, "moe_token_dispatcher_type", "allgather") == "alltoall" else None)
+        ep_count_exchange="allgather" if getattr(args, "moe_token_dispatcher_type", "allgather") == "alltoall" else None,
+        # the loss over the data-parallel ranks (Primus's trainer), and an MoE's auxiliary-loss tracker's
+        step_allreduces=1 + (1 if getattr(args, "num_experts", None) else 0))
 
 
 def layout_overrides(choice: dict[str, Any]) -> list[str]:
