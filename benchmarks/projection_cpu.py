@@ -1,6 +1,7 @@
 """`primus plan --project --device local` against measured step times on this CPU.
 
     .venv/bin/python -m benchmarks.projection_cpu [--quick] [--steps N]
+    .venv/bin/python -m benchmarks.projection_cpu --reproject benchmarks/results/projection_cpu.json
 
 1. `primus preflight --nproc-per-node 2 --tests gemm,membw,allreduce` measures this host and writes
    the `local` profile (into a private cache directory);
@@ -16,12 +17,14 @@ A shared, loaded machine makes both the profile and the runs noisy: run it on a 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +81,10 @@ def steps_key(exp: Path) -> str:
 
 
 def project_layout(exp: Path, nproc: int, overrides: list[str], threads: int | None = None,
-                   load_factor: float = 1.0) -> dict[str, Any]:
-    """The projection on the ``local`` profile; ``load_factor`` scales its compute and memory rates by
-    what a GEMM probe just before the run measured against the profile's (a shared host's load moves)."""
+                   load_factor: float = 1.0, profile=None) -> dict[str, Any]:
+    """The projection on the ``local`` profile (or ``profile``); ``load_factor`` scales its compute and
+    memory rates by what a GEMM probe just before the run measured against the profile's (a shared
+    host's load moves)."""
     from dataclasses import replace
 
     from primus.cli.plan_project import load
@@ -88,7 +92,7 @@ def project_layout(exp: Path, nproc: int, overrides: list[str], threads: int | N
     from primus.plan.projection import project
 
     loaded = load(str(exp), overrides, None, nproc, gpu=False, device="local")
-    profile = get_profile("local").for_ranks_per_node(nproc, threads)
+    profile = (profile or get_profile("local")).for_ranks_per_node(nproc, threads)
     profile = replace(profile, peak_tflops={k: v * load_factor for k, v in profile.peak_tflops.items()},
                       hbm_gbps=profile.hbm_gbps * load_factor)
     result = project(loaded.model, loaded.layout, profile, loaded.options)
@@ -150,6 +154,75 @@ def run(quick: bool, steps: int, threads: int | None = None, reprobe: bool = Fal
     return result
 
 
+def probes_predated(data: dict[str, Any], rounds: int = 3) -> dict[str, Any]:
+    """The probes a stored CPU profile predates, measured now on this host as ratios to a probe the
+    stored profile has (a load slows both alike): grouped over plain GEMM per dtype, and AdamW's seconds
+    per parameter in bytes of the copy probe; best of ``rounds`` interleaved, one thread; gloo's
+    reduce-scatter is an all-reduce whatever the host."""
+    from primus.plan.devices import measure_cpu_gemm_tflops, measure_cpu_grouped_gemm_tflops
+    from primus.preflight.perf.profile import optimizer_s_per_param
+
+    fields: dict[str, Any] = {"reduce_scatter_as_allreduce": True}
+    if "grouped_gemm_tflops" not in data:
+        best: dict[tuple[str, str], float] = {}
+        for _ in range(rounds):
+            for dtype in ("fp32", "bf16"):
+                for kind, probe in (("grouped", measure_cpu_grouped_gemm_tflops), ("plain", measure_cpu_gemm_tflops)):
+                    best[dtype, kind] = max(best.get((dtype, kind), 0.0), probe(dtype, 1, 1.0))
+        fields["grouped_gemm_tflops"] = {
+            dtype: data["peak_tflops"][dtype] * best[dtype, "grouped"] / best[dtype, "plain"]
+            for dtype in ("fp32", "bf16") if dtype in data["peak_tflops"]}
+    if "optimizer_s_per_param" not in data:
+        import torch
+
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            src = torch.ones(2**26)  # 256 MB, beyond the caches as the probe's
+            dst = torch.empty_like(src)
+            step, copy = float("inf"), float("inf")
+            for _ in range(rounds):  # best of each, as preflight's own probes
+                step = min(step, optimizer_s_per_param())
+                for _ in range(5):
+                    start = time.perf_counter()
+                    dst.copy_(src)
+                    copy = min(copy, time.perf_counter() - start)
+            copy = 2 * src.numel() * 4 / copy  # bytes/s
+        finally:
+            torch.set_num_threads(previous)
+        fields["optimizer_s_per_param"] = step * copy / (data["hbm_gbps"] * 1e9)  # its bytes of copy, stored rate
+    return fields
+
+
+def reproject(path: Path, fill: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stored points of an earlier run projected again with the current model, nothing run: the
+    same measurements, profile and load factors. The probes a stored profile predates are measured now
+    (``probes_predated``), or taken from ``fill``."""
+
+    from primus.plan.profiles import DeviceProfile
+
+    stored = json.loads(path.read_text())
+    data = json.loads(stored["profile"])
+    fill = probes_predated(data) if fill is None else fill
+    profile = DeviceProfile.from_dict({**data, **fill})
+    threads = stored["threads_per_rank"] if isinstance(stored["threads_per_rank"], int) else None
+    points = []
+    for old in stored["points"]:
+        point = {key: old[key] for key in ("layout", "experiment", "ranks", "overrides", "rc", "measured",
+                                             "step_times", "load_factor") if key in old}
+        point["before"] = {"step_time": old["step_time"], "error": old.get("error")}
+        point.update(project_layout(REPO / old["experiment"], old["ranks"], old["overrides"], threads,
+                                    old.get("load_factor", 1.0), profile))
+        if point.get("measured"):
+            point["error"] = (point["step_time"] - point["measured"]) / point["measured"]
+        points.append(point)
+    ok = [p for p in points if p.get("measured")]
+    return {**stored, "points": points, "reprojected_from": str(path), "before": {
+                "mape": stored["mape"], "kendall_tau": stored["kendall_tau"]},
+            "filled": fill, "mape": statistics.mean(abs(p["error"]) for p in ok) if ok else None,
+            "kendall_tau": kendall_tau([p["step_time"] for p in ok], [p["measured"] for p in ok]) if ok else None}
+
+
 def markdown(r: dict[str, Any]) -> str:
     rows = [[p["layout"], p["ranks"], f"{p['measured']:.3f}" if p.get("measured") else f"failed (rc {p['rc']})",
              f"{p['step_time']:.3f}", f"{100 * p['error']:+.1f}%" if "error" in p else "n/a"] for p in r["points"]]
@@ -180,7 +253,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="on a shared, loaded host: scale the profile by a GEMM probe taken before and after "
                              "each run (the load the run saw), instead of the profile measured once at the start")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite the table in docs/plan.md")
+    parser.add_argument("--reproject", type=Path, metavar="FILE",
+                        help="project a stored result's points again with the current model (nothing is run); "
+                             "prints the table and the MAPE and tau before and after, writes nothing")
+    parser.add_argument("--fill", type=json.loads, metavar="JSON",
+                        help="with --reproject: the profile fields the stored run predates, as JSON, instead of "
+                             "measuring them now (the line --reproject prints)")
     args = parser.parse_args(argv)
+    if args.reproject:
+        result = reproject(args.reproject, args.fill)
+        print(markdown(result))
+        print(f"before: MAPE {100 * result['before']['mape']:.1f}%, τ {result['before']['kendall_tau']:.2f}")
+        print(f"filled: {json.dumps(result['filled'])}")
+        return 0
     result = run(args.quick, args.steps, args.threads, args.reprobe)
     path = save("projection_cpu", result)
     text = markdown(result)

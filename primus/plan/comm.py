@@ -61,6 +61,8 @@ def collective_seconds(op: str, size_bytes: float, group: Group, profile: Device
     n = group.size
     if n <= 1 or size_bytes <= 0:
         return 0.0
+    if op == "reducescatter" and profile.reduce_scatter_as_allreduce:
+        op = "allreduce"  # gloo: the whole buffer is all-reduced, each rank keeps its slice
     bandwidth, latency = link(profile, group, gpus_per_node)
     return _STEPS[op](n) * latency + size_bytes * _WIRE[op](n) / bandwidth
 

@@ -145,6 +145,43 @@ def measure_cpu_gemm_tflops(dtype: str = "fp32", threads: int | None = None, bud
             torch.set_num_threads(previous)
 
 
+def measure_cpu_grouped_gemm_tflops(dtype: str = "fp32", threads: int | None = None, budget_s: float = 0.5,
+                                    tokens: int = 2048, experts: int = 8, dim: int = 256, hidden: int = 512) -> float:
+    """Best-of rate (TFLOP/s) of an MoE's expert GEMM as TorchTitan runs it: ``torch._grouped_mm`` of
+    ``tokens`` routed rows over ``experts`` weights (``dim -> hidden``), forward and backward (the data and
+    weight gradients are grouped GEMMs too, slower per FLOP than the forward on a CPU), 3 x 2 t d h FLOPs.
+    On a CPU it is neither the plain GEMM's rate nor a fixed share of it (bf16 without bf16 units: several
+    times faster than a plain bf16 mm; fp32: slower than a plain fp32 mm)."""
+    import time
+
+    import torch
+
+    if threads:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+    try:
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        x = torch.randn(tokens, dim, dtype=torch_dtype, requires_grad=True)
+        w = torch.randn(experts, hidden, dim, dtype=torch_dtype, requires_grad=True)
+        offsets = torch.arange(1, experts + 1, dtype=torch.int32) * (tokens // experts)
+        grad = torch.randn(tokens, hidden, dtype=torch_dtype)
+
+        def step() -> None:
+            torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets).backward(grad)
+
+        best, start = 0.0, time.perf_counter()
+        step()  # first call: thread pool and kernel selection
+        while True:
+            t = time.perf_counter()
+            step()
+            best = max(best, 3 * 2 * tokens * dim * hidden / (time.perf_counter() - t))
+            if time.perf_counter() - start > budget_s:
+                return best / 1e12
+    finally:
+        if threads:
+            torch.set_num_threads(previous)
+
+
 def _read_peaks() -> dict[str, float]:
     import json
 

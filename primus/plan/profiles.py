@@ -63,12 +63,25 @@ class DeviceProfile:
     # A GPU's collectives run on their own engines beside the kernels; a CPU's gloo collectives copy on
     # the cores the ranks compute on, so there what the engine overlaps is exposed all the same.
     overlaps_comm: bool = True
+    # Measured profiles only. An MoE's expert GEMM as ``torch._grouped_mm`` runs it, forward + backward,
+    # TFLOP/s by dtype at the profile's thread count (absent: the plain GEMM peak).
+    grouped_gemm_tflops: dict[str, float] = field(default_factory=dict)
+    # gloo has no reduce-scatter of its own: torch runs ``reduce_scatter_tensor`` as an all-reduce.
+    reduce_scatter_as_allreduce: bool = False
+    # One AdamW step, eager and unfused as on a CPU, in seconds per parameter (0: the bytes model).
+    optimizer_s_per_param: float = 0.0
 
     def peak(self, dtype: str) -> float:
         """Dense peak in FLOP/s for ``dtype`` (fp8 falls back to bf16 where the device has no fp8 units)."""
         key = {"fp16": "bf16"}.get(dtype, dtype)
         tflops = self.peak_tflops.get(key) or self.peak_tflops.get("bf16") or self.peak_tflops["fp32"]
         return tflops * 1e12
+
+    def grouped_peak(self, dtype: str) -> float:
+        """FLOP/s of an MoE's grouped expert GEMM in ``dtype`` (the plain peak where none was measured)."""
+        key = {"fp16": "bf16"}.get(dtype, dtype)
+        tflops = self.grouped_gemm_tflops.get(key)
+        return tflops * 1e12 if tflops else self.peak(dtype)
 
     def for_ranks_per_node(self, ranks: int, threads: int | None = None) -> "DeviceProfile":
         """A measured CPU profile as one of ``ranks`` processes sharing the host's cores (each gets
@@ -81,10 +94,13 @@ class DeviceProfile:
         tflops = self.gemm_tflops_by_threads[best] * threads / best
         if ranks > 1:  # ranks that share the cores together do at most what all the cores do at once
             tflops = min(tflops, self.gemm_tflops_by_threads[known[-1]] / known[-1] * threads)
-        hbm = self.hbm_gbps / max(1, ranks) if ranks > 1 else self.hbm_gbps  # ranks share the memory bus
+        hbm_share = max(1, ranks)  # ranks share the memory bus
+        hbm = self.hbm_gbps / hbm_share
         fp32 = self.peak_tflops.get("fp32") or tflops
-        # each dtype keeps its measured rate relative to fp32 (bf16: emulated, or on bf16 units)
-        return replace(self, peak_tflops={k: tflops * v / fp32 for k, v in self.peak_tflops.items()}, hbm_gbps=hbm)
+        # each dtype, and the grouped GEMM, keeps its measured rate relative to fp32 (bf16: emulated, or on bf16 units)
+        return replace(self, peak_tflops={k: tflops * v / fp32 for k, v in self.peak_tflops.items()},
+                       grouped_gemm_tflops={k: tflops * v / fp32 for k, v in self.grouped_gemm_tflops.items()},
+                       hbm_gbps=hbm, optimizer_s_per_param=self.optimizer_s_per_param * hbm_share)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

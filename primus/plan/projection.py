@@ -23,10 +23,11 @@ Communication (``primus.plan.comm``, ring model, intra- vs inter-node links):
 * PP: a send/recv of ``b s h`` per micro-batch and virtual stage each way; the 1F1B bubble is
   ``(pp - 1) / vpp`` micro-batch times of the slowest stage.
 * DP: gradient all-reduce (``sharding: none``), reduce-scatter + parameter all-gather (distributed
-  optimizer), or per micro-batch all-gather (forward and backward) + reduce-scatter (FSDP). Overlapped
-  with backward (and forward for gathers) where the engine overlaps them; what exceeds it is exposed.
+  optimizer), or per micro-batch all-gather (forward and backward) + reduce-scatter (FSDP, one per wrapped
+  unit; FSDP2 also copies shards and gradients through its buffers). Overlapped with backward (and forward
+  for gathers) where the engine overlaps them; what exceeds it is exposed.
 * Optimizer: Adam touches ~38 bytes per local parameter (fp32 master, moments, gradient, bf16 copy, the
-  gradient-norm read), memory-bound.
+  gradient-norm read), memory-bound; a profile that measured an eager AdamW step (a CPU) gives its time.
 
 ``step = micro-batches x slowest stage's micro-batch time + bubble + exposed PP and DP traffic + optimizer``.
 MFU uses the Megatron-LM FLOP convention (``primus.plan.flops``) and the bf16 peak (an fp32 run's: the fp32
@@ -38,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from primus.config.errors import ConfigError
-from primus.plan.comm import Groups, collective_seconds
+from primus.plan.comm import Group, Groups, collective_seconds
 from primus.plan.estimate import estimate_memory, estimate_params
 from primus.plan.flops import flops_per_token
 from primus.plan.layout import DTYPE_BYTES, ParallelLayout
@@ -59,6 +60,14 @@ class ProjectionOptions:
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     gemm_dtype: str = "bf16"  # bf16 | fp8 | fp32: the transformer layers' linears
     expert_gemm_dtype: str | None = None  # the routed experts' GEMMs where an engine fixes them (None: gemm_dtype)
+    grouped_experts: bool = False  # the routed experts run as one grouped GEMM (torch._grouped_mm), not a loop
+    fsdp_copies: bool = False  # FSDP2 (TorchTitan): gathers copy the shards in and out, reduces copy the gradients
+    loss_parallel: bool = False  # TP: the loss over vocab-sharded logits, 3 all-reduces per loss chunk
+    norm_grad_allreduce: bool = False  # TP: each norm weight's gradient all-reduced on its own (DTensor Partial)
+    ep_probs_alltoall: bool = False  # EP: the routing weights get their own all-to-all beside the tokens (Megatron)
+    ep_count_exchange: str | None = None  # EP: tokens per expert exchanged each MoE layer: allgather | alltoall
+    step_allreduces: int = 0  # the engine's small all-reduces over the data-parallel ranks a step (loss, token counts)
+    grad_norm_group: str = "model"  # the gradient norm's all-reduce: model (tp x pp, + ep for experts) | world
     recompute: str | None = None  # none | selective | full; None = the layout's (full or none)
     sequence_parallel: bool = True
     fused_elementwise: bool = True
@@ -111,13 +120,15 @@ class _Costs:
         self.attention_dtype = "fp32" if gemm_dtype == "fp32" else "bf16"  # fp8 runs keep attention in bf16
         self.hbm = profile.hbm_gbps * 1e9 * self.eff.hbm
 
-    def gemm(self, m: float, k: float, n: float, dtype: str | None = None) -> float:
-        """One forward GEMM (m x k) @ (k x n)."""
+    def gemm(self, m: float, k: float, n: float, dtype: str | None = None, grouped: bool = False) -> float:
+        """One forward GEMM (m x k) @ (k x n); ``grouped``: one expert's share of a grouped GEMM, at the
+        profile's grouped rate where it measured one."""
         if m <= 0 or k <= 0 or n <= 0:
             return 0.0
         dtype = dtype or self.gemm_dtype
         fp8 = dtype == "fp8"
-        rate = self.p.peak(dtype) * (self.eff.gemm_fp8 if fp8 else self.eff.gemm)
+        peak = self.p.grouped_peak(dtype) if grouped else self.p.peak(dtype)
+        rate = peak * (self.eff.gemm_fp8 if fp8 else self.eff.gemm)
         elem = 1 if fp8 else DTYPE_BYTES.get(dtype, 2)
         moved = (m * k + k * n) * elem + m * n * self.act
         seconds = max(2 * m * k * n / rate, moved / self.hbm) + self.eff.kernel_overhead_s
@@ -166,8 +177,9 @@ def _layer_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpt
         local = max(1, E // layout.ep)
         m_e = tokens_here / local
         fwd_gemm += c.gemm(T, h, E, c.attention_dtype)  # router: never fp8
-        experts = opts.expert_gemm_dtype
-        fwd_gemm += local * (c.gemm(m_e, h, (gated - 1) * fe / etp, experts) + c.gemm(m_e, fe / etp, h, experts))
+        experts, grouped = opts.expert_gemm_dtype, opts.grouped_experts
+        fwd_gemm += local * (c.gemm(m_e, h, (gated - 1) * fe / etp, experts, grouped)
+                             + c.gemm(m_e, fe / etp, h, experts, grouped))
         if model.shared_expert_ffn_hidden_size:
             sh = model.shared_expert_ffn_hidden_size
             fwd_gemm += c.gemm(T, h, (gated - 1) * sh / t) + c.gemm(T, sh / t, h)
@@ -209,8 +221,18 @@ def _layer_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpt
         cp_comm = max(0.0, ring - fwd_attn) + max(0.0, 2 * ring - bwd_attn)
     ep_comm = 0.0
     if moe and layout.ep > 1:
-        msg = T * model.top_k * layout.expert_tp / t * h * A
-        ep_comm = (4 + (2 if recompute == "full" else 0)) * collective_seconds("alltoall", msg, g.ep, c.p, gpn)
+        routed = T * model.top_k * layout.expert_tp / t
+        tokens = collective_seconds("alltoall", routed * h * A, g.ep, c.p, gpn)  # dispatch or combine
+        # Megatron's dispatcher sends the routing weights (fp32) in an all-to-all of their own
+        probs = collective_seconds("alltoall", routed * 4, g.ep, c.p, gpn) if opts.ep_probs_alltoall else 0.0
+        counts = 0.0  # tokens per expert (int64), exchanged before the dispatch
+        if opts.ep_count_exchange == "allgather":  # Megatron: over the tp x ep group
+            counts = collective_seconds("allgather", model.n_experts * 8 * t * layout.ep, Group(t * layout.ep, 1),
+                                        c.p, gpn)
+        elif opts.ep_count_exchange == "alltoall":  # TorchTitan
+            counts = collective_seconds("alltoall", model.n_experts * 8, g.ep, c.p, gpn)
+        forward = 2 * tokens + probs + counts
+        ep_comm = forward + 2 * tokens + probs + (forward if recompute == "full" else 0.0)
     return {"gemm": 3 * fwd_gemm + {"full": fwd_gemm, "op": fwd_gemm / 2}.get(recompute, 0.0),
             "attention": fwd_attn + bwd_attn + (fwd_attn if recompute in ("full", "selective") else 0.0),
             "elementwise": 3 * fwd_elem + (fwd_elem if recompute in ("full", "op") else 0.0),
@@ -225,8 +247,13 @@ def _head_seconds(model: ModelSpec, layout: ParallelLayout, opts: ProjectionOpti
     head = 3 * c.gemm(T, model.dim, V / t, "bf16" if opts.gemm_dtype == "fp8" else None)
     loss = c.memory(6 * T * V / t * 4, kernels=6)  # fp32 logits: softmax, loss and its gradient
     embedding = c.memory(4 * T * model.dim * c.act)  # lookup and its gradient
+    tp = 0.0
+    if opts.loss_parallel and t > 1:  # max, sum of exponentials, target logit: per loss chunk, one value a token
+        g = Groups.of(tp=t, cp=layout.cp, dp=layout.dp, pp=layout.pp, ep=layout.ep, etp=layout.expert_tp)
+        tp = 3 * max(1, layout.loss_chunks) * collective_seconds("allreduce", T * 4 / max(1, layout.loss_chunks),
+                                                                  g.tp, c.p, c.p.gpus_per_node)
     return {"compute": head + loss + embedding, "gemm": head, "attention": 0.0, "elementwise": loss + embedding,
-            "tp": 0.0, "cp": 0.0, "ep": 0.0}
+            "tp": tp, "cp": 0.0, "ep": 0.0}
 
 
 def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
@@ -267,6 +294,7 @@ def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
     pp_comm = 2 * microbatches * vpp * collective_seconds("sendrecv", boundary, g.pp, profile, gpn) if pp > 1 else 0.0
 
     dp_comm, optimizer = _data_parallel(model, layout, opts, c, g, microbatches, slowest)
+    dp_comm += _step_bookkeeping(model, layout, opts, g, profile)
     compute = microbatches * slowest["compute"]
     step = compute + microbatches * (slowest["tp"] + slowest["cp"] + slowest["ep"]) + bubble + pp_comm + dp_comm + optimizer
     world = layout.world_size
@@ -298,10 +326,17 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
     backward = slowest["compute"] * 2 / 3 * hidden_by
     forward = slowest["compute"] / 3 * hidden_by
     if layout.sharding == "fsdp":  # per micro-batch: gather for forward and backward, scatter gradients
-        gather = coll("allgather", dense, param_b) + coll("allgather", experts, param_b, True)
-        scatter = coll("reducescatter", dense, grad_b) + coll("reducescatter", experts, grad_b, True)
+        units = model.n_layers + 2  # one collective per block, the embedding, the final norm with the head
+        gather = units * (coll("allgather", dense / units, param_b) + coll("allgather", experts / units, param_b, True))
+        scatter = units * (coll("reducescatter", dense / units, grad_b)
+                           + coll("reducescatter", experts / units, grad_b, True))
         per_mb = max(0.0, gather - forward) + max(0.0, gather + scatter - backward)
-        exposed = microbatches * per_mb + gather / max(1, model.n_layers)  # the first layer's gather
+        if opts.fsdp_copies:  # FSDP2: copy-in of the shard and copy-out of the whole, twice; the gradients
+            # copied into the reduce buffer, divided by the world, the shard copied out (each a read and a write)
+            n = g.grad.size
+            moved = 2 * 2 * (dense + experts) * (1 + 1 / n) * param_b + 2 * (dense + experts) * (2 + 1 / n) * grad_b
+            per_mb += c.memory(moved, fused=True, kernels=4 * units)
+        exposed = microbatches * per_mb + gather / units  # the first layer's gather
         shards, expert_shards = g.grad.size, g.expert_grad.size
     else:
         if layout.sharding == "optimizer":
@@ -318,8 +353,29 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
             gather = max(0.0, gather - forward) + gather / max(1, model.n_layers)
         exposed = reduce + gather
     local = dense / shards + experts / expert_shards
-    optimizer = c.memory(ADAM_BYTES_PER_PARAM * local, fused=True, kernels=20)
+    if p.optimizer_s_per_param:  # measured: an eager AdamW step on this host
+        optimizer = local * p.optimizer_s_per_param
+    else:
+        optimizer = c.memory(ADAM_BYTES_PER_PARAM * local, fused=True, kernels=20)
+    if opts.norm_grad_allreduce and layout.tp > 1:  # two norms a layer and the final one, each on its own
+        norms = 2 * model.n_layers // max(1, layout.pp) + 1
+        exposed += norms * collective_seconds("allreduce", model.dim * grad_b, g.tp, p, gpn)
     return exposed, optimizer
+
+
+def _step_bookkeeping(model, layout, opts: ProjectionOptions, g: Groups, profile: DeviceProfile) -> float:
+    """Small all-reduces once a step, latency-bound: Primus's stop flag over every rank, the engine's loss
+    and token counts over the data-parallel ranks, the gradient norm over the ranks that split the model."""
+    def tiny(size: int) -> float:
+        return collective_seconds("allreduce", 8, Group(size, 1), profile, profile.gpus_per_node)
+
+    world = layout.world_size
+    seconds = tiny(world) + opts.step_allreduces * tiny(g.grad.size)
+    if opts.grad_norm_group == "world":
+        seconds += tiny(world)
+    else:
+        seconds += tiny(layout.tp * layout.pp) + (tiny(layout.ep * layout.pp) if model.is_moe else 0.0)
+    return seconds
 
 
 def _assumptions(opts: ProjectionOptions, layout: ParallelLayout) -> list[str]:

@@ -45,3 +45,33 @@ def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
         measured.append(min(row["step_time"] for row in metrics[2:]))
         projected.append(project_layout(exp, 1, overrides)["step_time"])
     assert kendall_tau(projected, measured) == 1.0, (projected, measured)
+
+
+def test_reproject_projects_the_stored_points_with_the_stored_profile(tmp_path):
+    """--reproject re-runs only the model: each stored point's measurement is kept, its projection is the
+    current model's on the stored profile (rescaled by the point's load factor), the old one kept as before."""
+    import json
+
+    from benchmarks.projection_cpu import reproject
+    from dataclasses import replace
+
+    from primus.plan.profiles import PROFILES
+
+    profile = replace(PROFILES["h100"], name="local (cpu)", gemm_tflops_by_threads={1: 0.05, 2: 0.09}, cores=2,
+                      peak_tflops={"bf16": 0.001, "fp32": 0.09}, hbm_gbps=20.0, overlaps_comm=False)
+    overrides = ["micro_batch_size=1", "global_batch_size=1"]
+    point = {"layout": "megatron mbs1", "experiment": str(MG.relative_to(MG.parents[2])), "ranks": 1,
+             "overrides": overrides, "rc": 0, "measured": 0.5, "step_times": [0.5], "load_factor": 0.8,
+             "step_time": 0.1, "error": -0.8}
+    stored = {"profile": json.dumps(profile.to_dict()), "points": [point], "threads_per_rank": "cores / ranks",
+              "mape": 0.8, "kendall_tau": 1.0}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(stored))
+    fill = {"grouped_gemm_tflops": {"fp32": 0.08}, "optimizer_s_per_param": 2e-9}
+    result = reproject(path, fill)
+    again = result["points"][0]
+    assert again["measured"] == 0.5 and again["before"] == {"step_time": 0.1, "error": -0.8}
+    expected = project_layout(MG, 1, overrides, None, 0.8, replace(profile, **fill))["step_time"]
+    assert again["step_time"] == pytest.approx(expected, rel=1e-12)
+    assert again["error"] == pytest.approx((expected - 0.5) / 0.5)
+    assert result["before"] == {"mape": 0.8, "kendall_tau": 1.0} and result["filled"] == fill

@@ -24,7 +24,15 @@ def projection_options(args: Any, *, gpu: bool = True) -> ProjectionOptions:
         sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and tp > 1,
         fused_elementwise=gpu, overlap_grad_reduce=bool(getattr(args, "overlap_grad_reduce", False)),
         overlap_param_gather=bool(getattr(args, "overlap_param_gather", False)),
-        tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)))
+        tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)),
+        # moe_grouped_gemm runs TE's / grouped_gemm's kernels on a GPU; on a CPU megatron-core falls back to
+        # SequentialMLP, a loop of plain GEMMs over the local experts
+        grouped_experts=gpu and bool(getattr(args, "moe_grouped_gemm", False)),
+        # the alltoall dispatcher: counts all-gathered, then tokens and their routing weights each all-to-all'd
+        ep_probs_alltoall=getattr(args, "moe_token_dispatcher_type", "allgather") == "alltoall",
+        ep_count_exchange="allgather" if getattr(args, "moe_token_dispatcher_type", "allgather") == "alltoall" else None,
+        # the loss over the data-parallel ranks (Primus's trainer), and an MoE's auxiliary-loss tracker's
+        step_allreduces=1 + (1 if getattr(args, "num_experts", None) else 0))
 
 
 def layout_overrides(choice: dict[str, Any]) -> list[str]:

@@ -31,6 +31,13 @@ def projection_options(params: dict[str, Any], *, gpu: bool = True, converters: 
         # TorchTitan 0.3.0's GroupedExperts casts to bf16 whatever the mixed precision (Llama 4's
         # transformers-backend experts compute in the parameters' dtype)
         expert_gemm_dtype=None if model.get("name") == "llama4" else "bf16",
+        grouped_experts=model.get("name") != "llama4",  # GroupedExperts: torch._grouped_mm
+        fsdp_copies=True,  # FSDP2 wraps the model whatever the data-parallel degree
+        loss_parallel=not parallel.get("disable_loss_parallel", False),
+        norm_grad_allreduce=True,
+        ep_count_exchange="alltoall",  # the token dispatcher all-to-alls the tokens per expert first
+        step_allreduces=4,  # the valid tokens, the loss's sum and max, the token count (its logging)
+        grad_norm_group="world",  # the DTensor gradient norm over the whole mesh
         recompute={"selective": "op", "full": "full"}.get(mode, "none"),  # TorchTitan's selective is per-op
         sequence_parallel=True, fused_elementwise=gpu and compile_enabled, attention="sdpa",
         tp_comm_overlap=bool(parallel.get("enable_async_tensor_parallel", False)),

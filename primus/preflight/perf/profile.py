@@ -2,10 +2,11 @@
 
 Rank 0 of ``primus preflight`` writes it once every rank has reported (the other ranks are idle by
 then, so its probes have the host to themselves): GEMM peak at each intra-op thread count (CPU ranks
-share the cores), memory bandwidth, fused-attention (SDPA) rate, the cost of one tiny kernel, and the
-link latency and bandwidth from the run's all-reduce sweep. On a GPU the accelerator's vendor profile
-is the base and the measured numbers replace its peaks (the efficiencies then apply to measured peaks:
-GEMM efficiency 1.0, since the probe is the achievable rate).
+share the cores), memory bandwidth, fused-attention (SDPA) rate, an MoE's grouped expert GEMM rate per
+dtype, one AdamW step per parameter, the cost of one tiny kernel, and the link latency and bandwidth
+from the run's all-reduce sweep. On a GPU the accelerator's vendor profile is the base and the measured
+numbers replace its peaks (the efficiencies then apply to measured peaks: GEMM efficiency 1.0, since the
+probe is the achievable rate).
 """
 from __future__ import annotations
 
@@ -57,6 +58,27 @@ def kernel_overhead_s(iters: int = 500) -> float:
     return _seconds(lambda: torch.add(a, b), iters)
 
 
+def optimizer_s_per_param(budget_s: float = 1.0) -> float:
+    """Best-of seconds per parameter of one eager AdamW step (torch's CPU path: a few passes over each
+    tensor, temporaries for the denominator) over a transformer layer's tensors, ~3.5M parameters."""
+    import torch
+
+    shapes = [(1536, 512), (1536, 512), (512, 1536), (512, 512), (256, 512), (256, 512), (512, 512), (512,), (512,)]
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    count = sum(p.numel() for p in params)
+    optimizer.step()  # first call: the moments are allocated
+    best, start = float("inf"), time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        optimizer.step()
+        best = min(best, time.perf_counter() - t)
+        if time.perf_counter() - start > budget_s:
+            return best / count
+
+
 def links_from(results: dict[int, Any]) -> tuple[float, float] | None:
     """(GB/s per rank, latency s) from rank 0's all-reduce sweep: the ring's cost
     ``2 (n-1) latency + size 2 (n-1)/n / bandwidth`` fitted by least squares over the sizes."""
@@ -81,7 +103,7 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
     """``quick`` (``primus preflight --quick``): shorter probes, a few seconds in all."""
     import torch
 
-    from primus.plan.devices import device_key, measure_cpu_gemm_tflops
+    from primus.plan.devices import device_key, measure_cpu_gemm_tflops, measure_cpu_grouped_gemm_tflops
     from primus.preflight.perf.compute import gemm, memory_bandwidth
 
     link = links_from(results or {}) or DEFAULT_LINK
@@ -103,7 +125,10 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
             by_threads[threads] = measure_cpu_gemm_tflops("fp32", threads, budget_s=0.3 if quick else 1.0)
         # bf16 GEMMs: faster than fp32 with AMX / AVX512-BF16 units, many times slower without (emulated)
         bf16 = measure_cpu_gemm_tflops("bf16", cores, budget_s=0.3 if quick else 1.0)
+        grouped = {dtype: measure_cpu_grouped_gemm_tflops(dtype, cores, budget_s=0.3 if quick else 1.0)
+                   for dtype in ("fp32", "bf16")}
         torch.set_num_threads(cores)
+        optimizer = optimizer_s_per_param(0.3 if quick else 1.0)
         hbm = memory_bandwidth("cpu", quick=quick)["gbps"]
         attention = attention_tflops("cpu", torch.float32, 3 if quick else 10) / by_threads[cores]
         overhead = kernel_overhead_s()
@@ -116,7 +141,9 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
                          memory_gib=_host_memory_gib(), intra_node_gbps=link[0], inter_node_gbps=link[0],
                          intra_latency_s=link[1], inter_latency_s=link[1], efficiency=efficiency,
                          gpus_per_node=gpus_per_node, sources={"measured": "primus preflight on this host"},
-                         gemm_tflops_by_threads=by_threads, cores=cores, overlaps_comm=False)
+                         gemm_tflops_by_threads=by_threads, cores=cores, overlaps_comm=False,
+                         grouped_gemm_tflops=grouped, reduce_scatter_as_allreduce=True,  # gloo
+                         optimizer_s_per_param=optimizer)
 
 
 def _host_memory_gib() -> float:
