@@ -182,6 +182,45 @@ def measure_cpu_grouped_gemm_tflops(dtype: str = "fp32", threads: int | None = N
             torch.set_num_threads(previous)
 
 
+def measure_cpu_training_gemm_tflops(threads: int | None = None, budget_s: float = 0.5, tokens: int = 512,
+                                     dim: int = 512, hidden: int = 1536, layers: int = 4) -> float:
+    """Best-of GEMM rate (TFLOP/s) of a training step's linears: a chain of ``layers`` MLPs
+    (``dim -> hidden -> dim`` over ``tokens`` rows, fp32) forward and backward through autograd, 3 x the
+    forward FLOPs. Below the square probe's rate on a CPU (each GEMM's inputs were just written by
+    another op, and the backward's are transposed): its ratio to that probe is the local profile's
+    GEMM efficiency."""
+    import time
+
+    import torch
+
+    if threads:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+    try:
+        weights = [(torch.randn(dim, hidden, requires_grad=True), torch.randn(hidden, dim, requires_grad=True))
+                   for _ in range(layers)]
+        x = torch.randn(tokens, dim)
+
+        def step() -> None:
+            y = x
+            for up, down in weights:
+                y = (y @ up) @ down
+            y.sum().backward()
+
+        flops = 3 * layers * 2 * (2 * tokens * dim * hidden)
+        best, start = 0.0, time.perf_counter()
+        step()  # first call: thread pool, kernel selection, the gradients' buffers
+        while True:
+            t = time.perf_counter()
+            step()
+            best = max(best, flops / (time.perf_counter() - t))
+            if time.perf_counter() - start > budget_s:
+                return best / 1e12
+    finally:
+        if threads:
+            torch.set_num_threads(previous)
+
+
 def _read_peaks() -> dict[str, float]:
     import json
 

@@ -68,8 +68,10 @@ class DeviceProfile:
     grouped_gemm_tflops: dict[str, float] = field(default_factory=dict)
     # gloo has no reduce-scatter of its own: torch runs ``reduce_scatter_tensor`` as an all-reduce.
     reduce_scatter_as_allreduce: bool = False
-    # One AdamW step, eager and unfused as on a CPU, in seconds per parameter (0: the bytes model).
+    # One AdamW step, eager and unfused as on a CPU, in seconds per parameter (0: the bytes model): torch's
+    # for-loop implementation, and its foreach one (0: as the for-loop).
     optimizer_s_per_param: float = 0.0
+    optimizer_foreach_s_per_param: float = 0.0
 
     def peak(self, dtype: str) -> float:
         """Dense peak in FLOP/s for ``dtype`` (fp8 falls back to bf16 where the device has no fp8 units)."""
@@ -100,7 +102,8 @@ class DeviceProfile:
         # each dtype, and the grouped GEMM, keeps its measured rate relative to fp32 (bf16: emulated, or on bf16 units)
         return replace(self, peak_tflops={k: tflops * v / fp32 for k, v in self.peak_tflops.items()},
                        grouped_gemm_tflops={k: tflops * v / fp32 for k, v in self.grouped_gemm_tflops.items()},
-                       hbm_gbps=hbm, optimizer_s_per_param=self.optimizer_s_per_param * hbm_share)
+                       hbm_gbps=hbm, optimizer_s_per_param=self.optimizer_s_per_param * hbm_share,
+                       optimizer_foreach_s_per_param=self.optimizer_foreach_s_per_param * hbm_share)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -68,6 +68,7 @@ class ProjectionOptions:
     ep_count_exchange: str | None = None  # EP: tokens per expert exchanged each MoE layer: allgather | alltoall
     step_allreduces: int = 0  # the engine's small all-reduces over the data-parallel ranks a step (loss, token counts)
     grad_norm_group: str = "model"  # the gradient norm's all-reduce: model (tp x pp, + ep for experts) | world
+    optimizer_foreach: bool = False  # AdamW as torch's foreach implementation (TorchTitan's), else its for-loop
     recompute: str | None = None  # none | selective | full; None = the layout's (full or none)
     sequence_parallel: bool = True
     fused_elementwise: bool = True
@@ -127,8 +128,10 @@ class _Costs:
             return 0.0
         dtype = dtype or self.gemm_dtype
         fp8 = dtype == "fp8"
-        peak = self.p.grouped_peak(dtype) if grouped else self.p.peak(dtype)
-        rate = peak * (self.eff.gemm_fp8 if fp8 else self.eff.gemm)
+        if grouped and self.p.grouped_gemm_tflops.get(dtype):  # measured as a training step runs it
+            rate = self.p.grouped_peak(dtype)
+        else:
+            rate = self.p.peak(dtype) * (self.eff.gemm_fp8 if fp8 else self.eff.gemm)
         elem = 1 if fp8 else DTYPE_BYTES.get(dtype, 2)
         moved = (m * k + k * n) * elem + m * n * self.act
         seconds = max(2 * m * k * n / rate, moved / self.hbm) + self.eff.kernel_overhead_s
@@ -353,8 +356,9 @@ def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int,
             gather = max(0.0, gather - forward) + gather / max(1, model.n_layers)
         exposed = reduce + gather
     local = dense / shards + experts / expert_shards
-    if p.optimizer_s_per_param:  # measured: an eager AdamW step on this host
-        optimizer = local * p.optimizer_s_per_param
+    if p.optimizer_s_per_param:  # measured: an eager AdamW step on this host, as the engine implements it
+        foreach = opts.optimizer_foreach and p.optimizer_foreach_s_per_param
+        optimizer = local * (p.optimizer_foreach_s_per_param if foreach else p.optimizer_s_per_param)
     else:
         optimizer = c.memory(ADAM_BYTES_PER_PARAM * local, fused=True, kernels=20)
     if opts.norm_grad_allreduce and layout.tp > 1:  # two norms a layer and the final one, each on its own

@@ -87,6 +87,35 @@ def test_a_measured_adam_step_replaces_the_bytes_model_and_ranks_share_the_bus()
     assert measured.for_ranks_per_node(2).optimizer_s_per_param == pytest.approx(1e-8)
 
 
+def test_torchtitans_foreach_adam_step_is_costed_at_the_foreach_rate_megatrons_at_the_for_loop_one():
+    from primus.backends.torchtitan.projection import projection_options
+    from primus.plan.estimate import estimate_params
+
+    lay = fp32_layout()
+    measured = replace(CPU, optimizer_s_per_param=2e-9, optimizer_foreach_s_per_param=5e-9)
+    params = estimate_params(DENSE, lay).per_rank
+    foreach = ProjectionOptions(gemm_dtype="fp32", optimizer_foreach=True)
+    assert project(DENSE, lay, measured, foreach).breakdown["optimizer"] == pytest.approx(params * 5e-9)
+    assert project(DENSE, lay, measured).breakdown["optimizer"] == pytest.approx(params * 2e-9)
+    assert project(DENSE, lay, replace(measured, optimizer_foreach_s_per_param=0.0), foreach).breakdown[
+        "optimizer"] == pytest.approx(params * 2e-9)  # a profile without the foreach probe: the for-loop rate
+    assert measured.for_ranks_per_node(2).optimizer_foreach_s_per_param == pytest.approx(1e-8)
+    # TorchTitan's preset asks for fused AdamW, which a CPU run replaces by foreach; for-loop stays for-loop
+    assert projection_options({"optimizer": {"implementation": "fused"}}, gpu=False).optimizer_foreach
+    assert not projection_options({"optimizer": {"implementation": "fused"}}, gpu=True).optimizer_foreach
+    assert not projection_options({"optimizer": {"implementation": "for-loop"}}, gpu=False).optimizer_foreach
+
+
+def test_the_gemm_efficiency_slows_plain_gemms_but_not_a_grouped_rate_measured_in_a_training_step():
+    opts = ProjectionOptions(gemm_dtype="fp32", expert_gemm_dtype="fp32", grouped_experts=True)
+    grouped = replace(CPU, grouped_gemm_tflops={"fp32": 0.08}, efficiency=replace(CPU.efficiency, gemm=1.0))
+    slower = replace(grouped, efficiency=replace(CPU.efficiency, gemm=0.5))
+    dense_full, dense_half = (project(DENSE, fp32_layout(), p, opts).breakdown["gemm"] for p in (grouped, slower))
+    assert dense_half == pytest.approx(2 * dense_full, rel=0.02)  # kernel overheads aside: twice the time
+    moe_full, moe_half = (project(MOE, fp32_layout(), p, opts).breakdown["gemm"] for p in (grouped, slower))
+    assert moe_half < 2 * moe_full * 0.9  # the experts' grouped GEMMs keep their measured rate
+
+
 def test_fsdp2_copies_are_paid_even_on_one_rank():
     lay = fp32_layout(sharding="fsdp")
     off = project(DENSE, lay, CPU, ProjectionOptions(gemm_dtype="fp32")).breakdown["dp_comm"]
@@ -111,19 +140,22 @@ def test_torchtitan_tensor_parallel_all_reduces_its_loss_and_each_norm_gradient(
 
 def test_a_stored_profile_without_the_new_probes_loads_and_projects_as_before():
     data = replace(CPU).to_dict()
-    for key in ("grouped_gemm_tflops", "reduce_scatter_as_allreduce", "optimizer_s_per_param"):
+    for key in ("grouped_gemm_tflops", "reduce_scatter_as_allreduce", "optimizer_s_per_param",
+                "optimizer_foreach_s_per_param"):
         data.pop(key)
     loaded = DeviceProfile.from_dict(data)
     assert loaded == CPU
     assert project(MOE, fp32_layout(), loaded).step_time == pytest.approx(project(MOE, fp32_layout(), CPU).step_time)
 
 
-def test_preflight_probes_measure_the_grouped_gemm_and_the_adam_step():
-    from primus.plan.devices import measure_cpu_grouped_gemm_tflops
+def test_preflight_probes_measure_the_grouped_gemm_the_training_gemm_and_the_adam_step():
+    from primus.plan.devices import measure_cpu_grouped_gemm_tflops, measure_cpu_training_gemm_tflops
     from primus.preflight.perf.profile import optimizer_s_per_param
 
     assert measure_cpu_grouped_gemm_tflops("fp32", 1, budget_s=0.05, tokens=256, experts=4, dim=64, hidden=128) > 0
-    assert 0 < optimizer_s_per_param(budget_s=0.05) < 1e-6  # a parameter's step: nanoseconds, not microseconds
+    assert measure_cpu_training_gemm_tflops(1, budget_s=0.05, tokens=64, dim=64, hidden=128, layers=1) > 0
+    for implementation in ("for-loop", "foreach"):  # a parameter's step: nanoseconds, not microseconds
+        assert 0 < optimizer_s_per_param(budget_s=0.05, implementation=implementation) < 1e-6
 
 
 def test_expert_parallel_pays_the_count_exchange_and_megatron_its_routing_weights_all_to_all():

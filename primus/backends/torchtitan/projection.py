@@ -20,6 +20,7 @@ def projection_options(params: dict[str, Any], *, gpu: bool = True, converters: 
     fp8 = any("float8" in str(c) for c in [*converters, *(model.get("converters") or [])])
     mixed = (params.get("training") or {}).get("mixed_precision_param", "bfloat16")
     mode = (params.get("activation_checkpoint") or {}).get("mode", "selective")
+    implementation = str((params.get("optimizer") or {}).get("implementation", "fused"))
     compile_enabled = bool((params.get("compile") or {}).get("enable", False))
     schedule = parallel.get("pipeline_parallel_schedule", "1F1B")
     pp = parallel.get("pipeline_parallel_degree", 1) or 1
@@ -38,6 +39,8 @@ def projection_options(params: dict[str, Any], *, gpu: bool = True, converters: 
         ep_count_exchange="alltoall",  # the token dispatcher all-to-alls the tokens per expert first
         step_allreduces=4,  # the valid tokens, the loss's sum and max, the token count (its logging)
         grad_norm_group="world",  # the DTensor gradient norm over the whole mesh
+        # foreach as asked, or fused on a CPU (fused AdamW is CUDA-only there: Primus derives foreach)
+        optimizer_foreach=implementation == "foreach" or (not gpu and implementation.startswith("fused")),
         recompute={"selective": "op", "full": "full"}.get(mode, "none"),  # TorchTitan's selective is per-op
         sequence_parallel=True, fused_elementwise=gpu and compile_enabled, attention="sdpa",
         tp_comm_overlap=bool(parallel.get("enable_async_tensor_parallel", False)),

@@ -3,7 +3,8 @@
 Rank 0 of ``primus preflight`` writes it once every rank has reported (the other ranks are idle by
 then, so its probes have the host to themselves): GEMM peak at each intra-op thread count (CPU ranks
 share the cores), memory bandwidth, fused-attention (SDPA) rate, an MoE's grouped expert GEMM rate per
-dtype, one AdamW step per parameter, the cost of one tiny kernel, and the link latency and bandwidth
+dtype, the GEMM rate of a training step's linears (the GEMM efficiency), one AdamW step per parameter
+(torch's for-loop and foreach implementations), the cost of one tiny kernel, and the link latency and bandwidth
 from the run's all-reduce sweep. On a GPU the accelerator's vendor profile is the base and the measured
 numbers replace its peaks (the efficiencies then apply to measured peaks: GEMM efficiency 1.0, since the
 probe is the achievable rate).
@@ -17,8 +18,9 @@ from typing import Any
 
 from primus.plan.profiles import PROFILES, DeviceProfile, Efficiency, write_local_profile
 
-# A CPU has no vendor model: kernels reach what the probes measured; eager PyTorch runs a norm or an
-# activation as several passes over memory (UNFUSED_TRAFFIC in primus.plan.projection).
+# A CPU has no vendor model: kernels reach what the probes measured (GEMM: the rate of a training step's
+# chain of linears over the square probe's, measured); eager PyTorch runs a norm or an activation as several
+# passes over memory (UNFUSED_TRAFFIC in primus.plan.projection).
 CPU_EFFICIENCY = dict(gemm=1.0, gemm_fp8=1.0, hbm=1.0, intra_link=1.0, inter_link=1.0)
 DEFAULT_LINK = (2.0, 100e-6)  # GB/s and seconds for gloo over loopback, when no all-reduce was measured
 
@@ -58,16 +60,21 @@ def kernel_overhead_s(iters: int = 500) -> float:
     return _seconds(lambda: torch.add(a, b), iters)
 
 
-def optimizer_s_per_param(budget_s: float = 1.0) -> float:
-    """Best-of seconds per parameter of one eager AdamW step (torch's CPU path: a few passes over each
-    tensor, temporaries for the denominator) over a transformer layer's tensors, ~3.5M parameters."""
+OPTIMIZER_LAYERS = 4  # the probe's model: four transformer layers' tensors, ~14M parameters
+
+
+def optimizer_s_per_param(budget_s: float = 1.0, implementation: str = "for-loop") -> float:
+    """Best-of seconds per parameter of one eager AdamW step as ``implementation`` runs it (torch's
+    ``for-loop``, one tensor at a time, Megatron's on a CPU; ``foreach``, each op over the whole list with
+    temporaries of all of it, TorchTitan's) over ~14M parameters: a model's worth, larger than a CPU's
+    caches, as a real model's tensors are (a one-layer probe ran ~30% faster per parameter)."""
     import torch
 
     shapes = [(1536, 512), (1536, 512), (512, 1536), (512, 512), (256, 512), (256, 512), (512, 512), (512,), (512,)]
-    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes]
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes * OPTIMIZER_LAYERS]
     for p in params:
         p.grad = torch.randn_like(p)
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=implementation == "foreach")
     count = sum(p.numel() for p in params)
     optimizer.step()  # first call: the moments are allocated
     best, start = float("inf"), time.perf_counter()
@@ -103,7 +110,8 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
     """``quick`` (``primus preflight --quick``): shorter probes, a few seconds in all."""
     import torch
 
-    from primus.plan.devices import device_key, measure_cpu_gemm_tflops, measure_cpu_grouped_gemm_tflops
+    from primus.plan.devices import (device_key, measure_cpu_gemm_tflops, measure_cpu_grouped_gemm_tflops,
+                                     measure_cpu_training_gemm_tflops)
     from primus.preflight.perf.compute import gemm, memory_bandwidth
 
     link = links_from(results or {}) or DEFAULT_LINK
@@ -127,23 +135,25 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
         bf16 = measure_cpu_gemm_tflops("bf16", cores, budget_s=0.3 if quick else 1.0)
         grouped = {dtype: measure_cpu_grouped_gemm_tflops(dtype, cores, budget_s=0.3 if quick else 1.0)
                    for dtype in ("fp32", "bf16")}
+        in_step = measure_cpu_training_gemm_tflops(cores, budget_s=0.3 if quick else 1.0)
         torch.set_num_threads(cores)
         optimizer = optimizer_s_per_param(0.3 if quick else 1.0)
+        optimizer_foreach = optimizer_s_per_param(0.3 if quick else 1.0, "foreach")
         hbm = memory_bandwidth("cpu", quick=quick)["gbps"]
         attention = attention_tflops("cpu", torch.float32, 3 if quick else 10) / by_threads[cores]
         overhead = kernel_overhead_s()
     finally:
         torch.set_num_threads(previous)
     peak = by_threads[cores]
-    efficiency = Efficiency(**CPU_EFFICIENCY, attention=min(1.0, attention), attention_sdpa=min(1.0, attention),
-                            kernel_overhead_s=overhead)
+    efficiency = Efficiency(**{**CPU_EFFICIENCY, "gemm": min(1.0, in_step / peak)}, attention=min(1.0, attention),
+                            attention_sdpa=min(1.0, attention), kernel_overhead_s=overhead)
     return DeviceProfile(name=f"local (cpu, {cores} cores)", peak_tflops={"bf16": bf16, "fp32": peak}, hbm_gbps=hbm,
                          memory_gib=_host_memory_gib(), intra_node_gbps=link[0], inter_node_gbps=link[0],
                          intra_latency_s=link[1], inter_latency_s=link[1], efficiency=efficiency,
                          gpus_per_node=gpus_per_node, sources={"measured": "primus preflight on this host"},
                          gemm_tflops_by_threads=by_threads, cores=cores, overlaps_comm=False,
                          grouped_gemm_tflops=grouped, reduce_scatter_as_allreduce=True,  # gloo
-                         optimizer_s_per_param=optimizer)
+                         optimizer_s_per_param=optimizer, optimizer_foreach_s_per_param=optimizer_foreach)
 
 
 def _host_memory_gib() -> float:
