@@ -62,6 +62,24 @@ def _unit_tests_start_no_python(request, monkeypatch):
         f"a unit test ran primus {' '.join(args)[:120]} (warm): mark it e2e", pytrace=False))
 
 
+_JOB_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _no_job_env_left_behind():
+    """Fail a test that leaves a rendezvous address or a rank in this process's environment: every later
+    launch of the session would inherit it (one leaked MASTER_PORT made two workers' runs collide)."""
+    before = {key: os.environ.get(key) for key in _JOB_ENV}
+    yield
+    after = {key: os.environ.get(key) for key in _JOB_ENV}
+    if after != before:
+        changed = {key: value for key, value in after.items() if value != before[key]}
+        os.environ.update({k: v for k, v in before.items() if v is not None})
+        for key in [k for k, v in before.items() if v is None]:
+            os.environ.pop(key, None)
+        pytest.fail(f"the test left {changed} in os.environ", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
     """One tiny tokenizer + corpus for the whole session (built on first use by the runs)."""

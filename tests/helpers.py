@@ -84,8 +84,9 @@ def write_run(run_dir: Path, framework: str, params: dict[str, Any], *, stage: s
 @contextlib.contextmanager
 def _one_rank_env() -> Iterator[None]:
     """RANK/LOCAL_RANK/WORLD_SIZE of a one-rank worker, for its duration only: left behind, they
-    would reach every later subprocess of the session (a CLI would think it is rank 0 of a job)."""
-    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    would reach every later subprocess of the session (a CLI would think it is rank 0 of a job); so
+    would a rendezvous address an engine set (every later launch on one port)."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     try:

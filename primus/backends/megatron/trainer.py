@@ -40,19 +40,24 @@ from primus.runtime.metrics import EvalReport, StepReport
 from primus.runtime.phases import timed_iterator
 
 def _init_process_group(ctx) -> bool:
-    """Join the process group the launcher described in env vars; True if we created it."""
+    """Join the process group the launcher described in env vars; True if we created it. One rank with
+    no rendezvous address (a run in the caller's own process) gets a store of its own, in memory: a
+    fixed port (and MASTER_* left in this process's environment for every later child) would clash with
+    whatever else on the host uses it."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         return False
-    for key, value in (("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size), ("LOCAL_RANK", ctx.local_rank),
-                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+    for key, value in (("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size), ("LOCAL_RANK", ctx.local_rank)):
         os.environ.setdefault(key, str(value))
     if ctx.device.startswith("cuda"):
         import torch
 
         torch.cuda.set_device(ctx.local_rank)
-    dist.init_process_group(ctx.dist_backend)
+    if ctx.world_size == 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        dist.init_process_group(ctx.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(ctx.dist_backend)
     return True
 
 
