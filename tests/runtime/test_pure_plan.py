@@ -71,6 +71,11 @@ def made_by_primus(value):
 
 # Switches the CLI sets through the libraries' documented APIs (no progress bars on the console): not patches.
 CONSOLE = {"datasets.utils.tqdm _hf_datasets_progress_bars_disabled", "transformers.utils.logging _tqdm_active"}
+# Engine modules that compile at import are imported by every process, planners too, with torch.compile
+# deferred to the functions' first call (compile_on_first_call): the same functions, by design, not a run's patch.
+from primus.backends.nemo_automodel.patches import COMPILING_AT_IMPORT as AUTOMODEL_DEFERRED
+from primus.backends.torchtitan.patches import COMPILING_AT_IMPORT as TITAN_DEFERRED
+DEFERRED = AUTOMODEL_DEFERRED | TITAN_DEFERRED
 # Packages without lazy attribute modules: a function that appears on one of their modules was put there.
 STRICT = ("torch", "torchtitan", "megatron", "nemo_automodel")
 
@@ -88,7 +93,7 @@ def patched():
         elif isinstance(new, (str, int, float, bool, type(None))) and new != value or made_by_primus(new):
             found.append(" ".join(map(str, key)))
     for key, new in after.items():
-        if key in before or len(key) != 2:
+        if key in before or len(key) != 2 or getattr(new, "__name__", None) in DEFERRED:
             continue
         foreign = key[0].split(".")[0] in STRICT and callable(new) and not isinstance(new, type) \
             and type(new).__name__ != "module" and getattr(new, "__module__", key[0]) != key[0]

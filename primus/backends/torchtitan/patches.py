@@ -7,6 +7,8 @@ already, so ``cpu_device_type`` reaches into the modules that hold the device na
 """
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import os
 import sys
@@ -303,6 +305,7 @@ def end_of_training_barrier(swap: Swaps = PERMANENT) -> None:
     if getattr(original, "_primus_patched", False):
         return
 
+    @functools.wraps(original)
     def train_then_barrier(self) -> None:
         original(self)
         if dist.is_initialized() and dist.get_world_size() > 1:

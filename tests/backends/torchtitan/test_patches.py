@@ -245,14 +245,19 @@ def test_float8_on_cpu():
         assert converter.torchao_config == Float8LinearConfig.from_recipe_name("rowwise")
 
 
-def test_end_of_training_barrier_skips_the_rank_zero_sleep_and_undoes_cleanly():
+def test_end_of_training_barrier_skips_the_rank_zero_sleep_and_undoes_cleanly(monkeypatch):
     import time
 
-    from primus.backends.torchtitan.patches import end_of_training_barrier
+    from primus.backends.torchtitan.patches import _TimeWithoutSleep, end_of_training_barrier
     from primus.runtime.patches import Swaps
     from primus.runtime.registry import get_adapter
 
     trainer = get_adapter("torchtitan").import_module("torchtitan.trainer")
+    # an earlier run in this process left the patch applied for good: start from TorchTitan's own
+    while getattr(trainer.Trainer.train, "_primus_patched", False):
+        monkeypatch.setattr(trainer.Trainer, "train", trainer.Trainer.train.__wrapped__)
+    if isinstance(trainer.time, _TimeWithoutSleep):
+        monkeypatch.setattr(trainer, "time", trainer.time._module)
 
     original_train, original_time = trainer.Trainer.train, trainer.time
     swaps = Swaps()
