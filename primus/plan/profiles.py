@@ -42,6 +42,9 @@ class Efficiency:
     intra_link: float
     inter_link: float
     kernel_overhead_s: float = 0.0
+    # Measured profiles: projected over measured compute of a reference training step on the device
+    # (primus.preflight.perf.reference_step); the layers' and head's compute is divided by it.
+    compute: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class DeviceProfile:
     # for-loop implementation, and its foreach one (0: as the for-loop).
     optimizer_s_per_param: float = 0.0
     optimizer_foreach_s_per_param: float = 0.0
+    # Measured profiles only: the compute efficiency by intra-op thread count (a rank gets its threads' entry).
+    compute_efficiency_by_threads: dict[int, float] = field(default_factory=dict)
 
     def peak(self, dtype: str) -> float:
         """Dense peak in FLOP/s for ``dtype`` (fp8 falls back to bf16 where the device has no fp8 units)."""
@@ -100,7 +105,13 @@ class DeviceProfile:
         hbm = self.hbm_gbps / hbm_share
         fp32 = self.peak_tflops.get("fp32") or tflops
         # each dtype, and the grouped GEMM, keeps its measured rate relative to fp32 (bf16: emulated, or on bf16 units)
-        return replace(self, peak_tflops={k: tflops * v / fp32 for k, v in self.peak_tflops.items()},
+        efficiency = self.efficiency
+        if self.compute_efficiency_by_threads:
+            nearest = max((t for t in sorted(self.compute_efficiency_by_threads) if t <= threads),
+                          default=min(self.compute_efficiency_by_threads))
+            efficiency = replace(efficiency, compute=self.compute_efficiency_by_threads[nearest])
+        return replace(self, efficiency=efficiency,
+                       peak_tflops={k: tflops * v / fp32 for k, v in self.peak_tflops.items()},
                        grouped_gemm_tflops={k: tflops * v / fp32 for k, v in self.grouped_gemm_tflops.items()},
                        hbm_gbps=hbm, optimizer_s_per_param=self.optimizer_s_per_param * hbm_share,
                        optimizer_foreach_s_per_param=self.optimizer_foreach_s_per_param * hbm_share)
@@ -113,6 +124,8 @@ class DeviceProfile:
         data = dict(data)
         data["efficiency"] = Efficiency(**data["efficiency"])
         data["gemm_tflops_by_threads"] = {int(k): v for k, v in (data.get("gemm_tflops_by_threads") or {}).items()}
+        data["compute_efficiency_by_threads"] = {int(k): v for k, v in
+                                                 (data.get("compute_efficiency_by_threads") or {}).items()}
         return cls(**data)
 
 

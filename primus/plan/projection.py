@@ -276,6 +276,8 @@ def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
     dense = _layer_seconds(model, layout, opts, c, mbs, moe=False)
     moe = _layer_seconds(model, layout, opts, c, mbs, moe=True) if model.is_moe else dense
     head = _head_seconds(model, layout, opts, c, mbs)
+    if profile.efficiency.compute != 1.0:  # measured: an eager step's compute over its projection (CPU)
+        dense, moe, head = (_slowed(cost, profile.efficiency.compute) for cost in (dense, moe, head))
     stage_ids = layout.stage_layer_ids(model.n_layers)
     keys = ("compute", "tp", "cp", "ep", "gemm", "attention", "elementwise")
     stages = []
@@ -313,6 +315,12 @@ def project(model: ModelSpec, layout: ParallelLayout, profile: DeviceProfile,
     return Projection(step, tokens / step / world, layout.effective_global_batch_size / step / world,
                       flops / step / world / profile.peak(c.attention_dtype), memory, breakdown, profile.name, world,
                       microbatches, _assumptions(opts, layout))
+
+
+def _slowed(cost: dict[str, float], efficiency: float) -> dict[str, float]:
+    """A layer's or the head's compute at ``efficiency``; its communication as it was."""
+    return {key: value / efficiency if key in ("compute", "gemm", "attention", "elementwise") else value
+            for key, value in cost.items()}
 
 
 def _data_parallel(model, layout, opts, c: _Costs, g: Groups, microbatches: int, slowest) -> tuple[float, float]:

@@ -3,6 +3,7 @@ expert GEMM's own rate, gloo's reduce-scatter run as an all-reduce, the eager Ad
 and TorchTitan's TP loss and norm-gradient all-reduces."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -182,3 +183,28 @@ def test_each_step_pays_its_small_all_reduces_where_there_are_ranks_to_reduce_ov
     assert more - base == pytest.approx(4 * 2 * hop, rel=0.01)  # an all-reduce on 2 ranks: two hops
     world = project(DENSE, lay, CPU, ProjectionOptions(gemm_dtype="fp32", grad_norm_group="world")).breakdown
     assert world["dp_comm"] - base == pytest.approx(2 * hop, rel=0.01)  # DP-only Megatron: its norm reduces nothing
+
+
+def test_a_measured_compute_efficiency_divides_the_layers_compute_and_not_their_communication():
+    lay = fp32_layout(tp=2)
+    at_one = replace(CPU, efficiency=replace(CPU.efficiency, compute=1.0))
+    half = replace(CPU, efficiency=replace(CPU.efficiency, compute=0.5))
+    full, slowed = (project(DENSE, lay, p, ProjectionOptions(gemm_dtype="fp32")).breakdown for p in (at_one, half))
+    for key in ("compute", "gemm", "attention", "elementwise"):
+        assert slowed[key] == pytest.approx(2 * full[key])
+    assert slowed["tp_comm"] == pytest.approx(full["tp_comm"]) and slowed["optimizer"] == pytest.approx(full["optimizer"])
+    # a rank takes the entry of its thread count; a stored profile keeps the table through JSON
+    measured = replace(CPU, compute_efficiency_by_threads={1: 0.8, 2: 0.6})
+    assert measured.for_ranks_per_node(2).efficiency.compute == 0.8  # one thread each
+    assert measured.for_ranks_per_node(1).efficiency.compute == 0.6  # both cores
+    assert DeviceProfile.from_dict(json.loads(json.dumps(measured.to_dict()))) == measured
+
+
+def test_the_reference_step_is_measured_and_projected_on_this_host():
+    from primus.preflight.perf.reference_step import measured_step_seconds, projected_compute_seconds
+
+    measured = measured_step_seconds(1, budget_s=0.05)
+    projected = projected_compute_seconds(replace(CPU, gemm_tflops_by_threads={1: 0.05}), 1)
+    assert measured > 0 and projected > 0
+    # at 0.05 TFLOP/s, at least the time of its GEMMs: 6 x 3.6M matmul parameters x 512 tokens = 11 GFLOP
+    assert projected > 1.0e10 / 0.05e12

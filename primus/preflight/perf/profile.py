@@ -4,7 +4,8 @@ Rank 0 of ``primus preflight`` writes it once every rank has reported (the other
 then, so its probes have the host to themselves): GEMM peak at each intra-op thread count (CPU ranks
 share the cores), memory bandwidth, fused-attention (SDPA) rate, an MoE's grouped expert GEMM rate per
 dtype, the GEMM rate of a training step's linears (the GEMM efficiency), one AdamW step per parameter
-(torch's for-loop and foreach implementations), the cost of one tiny kernel, and the link latency and bandwidth
+(torch's for-loop and foreach implementations), the cost of one tiny kernel, a reference training step
+against its projection (the compute efficiency, ``reference_step``), and the link latency and bandwidth
 from the run's all-reduce sweep. On a GPU the accelerator's vendor profile is the base and the measured
 numbers replace its peaks (the efficiencies then apply to measured peaks: GEMM efficiency 1.0, since the
 probe is the achievable rate).
@@ -147,13 +148,18 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
     peak = by_threads[cores]
     efficiency = Efficiency(**{**CPU_EFFICIENCY, "gemm": min(1.0, in_step / peak)}, attention=min(1.0, attention),
                             attention_sdpa=min(1.0, attention), kernel_overhead_s=overhead)
-    return DeviceProfile(name=f"local (cpu, {cores} cores)", peak_tflops={"bf16": bf16, "fp32": peak}, hbm_gbps=hbm,
+    profile = DeviceProfile(name=f"local (cpu, {cores} cores)", peak_tflops={"bf16": bf16, "fp32": peak}, hbm_gbps=hbm,
                          memory_gib=_host_memory_gib(), intra_node_gbps=link[0], inter_node_gbps=link[0],
                          intra_latency_s=link[1], inter_latency_s=link[1], efficiency=efficiency,
                          gpus_per_node=gpus_per_node, sources={"measured": "primus preflight on this host"},
                          gemm_tflops_by_threads=by_threads, cores=cores, overlaps_comm=False,
                          grouped_gemm_tflops=grouped, reduce_scatter_as_allreduce=True,  # gloo
                          optimizer_s_per_param=optimizer, optimizer_foreach_s_per_param=optimizer_foreach)
+    from primus.preflight.perf.reference_step import compute_efficiency_by_threads
+
+    by_threads_compute = compute_efficiency_by_threads(profile, 0.3 if quick else 1.0)
+    return replace(profile, compute_efficiency_by_threads=by_threads_compute,
+                   efficiency=replace(efficiency, compute=by_threads_compute[cores]))
 
 
 def _host_memory_gib() -> float:
