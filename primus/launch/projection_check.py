@@ -41,7 +41,8 @@ def projection_line(plan: Any, step_times: list[float], device: str, device_name
         return f"projection: not available ({type(exc).__name__}: {exc})"
     measured = _median(step_times)
     error = (projected.step_time - measured) / measured
-    return (f"projected vs measured ({name} profile): step_time {projected.step_time:.3f}s vs {measured:.3f}s "
+    measured_by = f"; {profile.sources['measured']}" if name == LOCAL and profile.sources.get("measured") else ""
+    return (f"projected vs measured ({name} profile{measured_by}): step_time {projected.step_time:.3f}s vs {measured:.3f}s "
             f"(median of steps {SKIP_STEPS + 1}-{len(step_times)}), error {100 * error:+.1f}%; "
             f"{projected.line()}")
 

@@ -39,7 +39,8 @@ def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
                        "primus.save_last_checkpoint=false", *overrides], cwd=ROOT,
                       env={**os.environ, "PRIMUS_PROFILE_CACHE": str(tmp_path / "profiles")}, timeout=1200)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        assert "projected vs measured (local profile)" in run.stdout + run.stderr  # the run's own summary line
+        # the run's own summary line, naming when and under what load the profile was measured
+        assert "projected vs measured (local profile; primus preflight on this host, 20" in run.stdout + run.stderr
         metrics = read_metrics(next(tmp_path.glob(f"*/*/{name.replace(' ', '_')}/metrics.jsonl")).parent)
         # the fastest step: load from the other tests only ever slows a step (as preflight's best-of GEMM probe)
         measured.append(min(row["step_time"] for row in metrics[2:]))

@@ -125,7 +125,7 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
                              attention_sdpa=min(1.0, attention), intra_link=1.0)
         return replace(base, name=f"local ({device_name})", peak_tflops={**base.peak_tflops, "bf16": tflops},
                        hbm_gbps=hbm, intra_node_gbps=link[0], intra_latency_s=link[1], efficiency=efficiency,
-                       gpus_per_node=gpus_per_node, sources={"measured": "primus preflight on this host"})
+                       gpus_per_node=gpus_per_node, sources={"measured": _measured_when()})
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     previous = torch.get_num_threads()
     by_threads = {}
@@ -151,7 +151,7 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
     profile = DeviceProfile(name=f"local (cpu, {cores} cores)", peak_tflops={"bf16": bf16, "fp32": peak}, hbm_gbps=hbm,
                          memory_gib=_host_memory_gib(), intra_node_gbps=link[0], inter_node_gbps=link[0],
                          intra_latency_s=link[1], inter_latency_s=link[1], efficiency=efficiency,
-                         gpus_per_node=gpus_per_node, sources={"measured": "primus preflight on this host"},
+                         gpus_per_node=gpus_per_node, sources={"measured": _measured_when()},
                          gemm_tflops_by_threads=by_threads, cores=cores, overlaps_comm=False,
                          grouped_gemm_tflops=grouped, reduce_scatter_as_allreduce=True,  # gloo
                          optimizer_s_per_param=optimizer, optimizer_foreach_s_per_param=optimizer_foreach)
@@ -160,6 +160,13 @@ def measure_local_profile(device: str, device_name: str, results: dict[int, Any]
     by_threads_compute = compute_efficiency_by_threads(profile, 0.3 if quick else 1.0)
     return replace(profile, compute_efficiency_by_threads=by_threads_compute,
                    efficiency=replace(efficiency, compute=by_threads_compute[cores]))
+
+
+def _measured_when() -> str:
+    """Where, when and under what load the probes ran: a profile measured on a busy host projects slow, and
+    the end-of-run line that compares a run with it says so."""
+    load = f", load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores" if hasattr(os, "getloadavg") else ""
+    return f"primus preflight on this host, {time.strftime('%Y-%m-%d %H:%M', time.localtime())}{load}"
 
 
 def _host_memory_gib() -> float:
