@@ -1,7 +1,10 @@
 """Accelerator peaks and memory sizes, for MFU and for "does it fit" (vendor data sheets)."""
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 # Dense peak TFLOP/s per device (no sparsity), by dtype. Sources: vendor data sheets.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -117,32 +120,51 @@ def cpu_peak_key(dtype: str, threads: int) -> str:
     return f"{cpu_model()} | torch {torch.__version__} | {threads} threads | {dtype}"
 
 
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` (None: as it is) for the block only."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def best_seconds(step: Callable[[], Any], budget_s: float) -> float:
+    """Best-of time of ``step`` within about ``budget_s`` (its first, untimed call included: thread pool,
+    kernel selection, buffers): load on the host only ever slows a trial."""
+    import time
+
+    start = time.perf_counter()
+    step()
+    best = float("inf")
+    while True:
+        t = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t)
+        if time.perf_counter() - start > budget_s:
+            return best
+
+
 def measure_cpu_gemm_tflops(dtype: str = "fp32", threads: int | None = None, budget_s: float = 0.5) -> float:
     """Best-of GEMM throughput of this process (TFLOP/s) within about ``budget_s`` (first call
     included): square matmuls of a few ms each, best trial kept (load only ever lowers a trial)."""
-    import time
-
     import torch
 
-    if threads:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
         n = 1024 if dtype == "fp32" or cpu_bf16_native() else 512
         a, b = torch.randn(n, n, dtype=torch_dtype), torch.randn(n, n, dtype=torch_dtype)
-        best, start = 0.0, time.perf_counter()
-        torch.mm(a, b)  # first call: thread pool and kernel selection
-        while True:
-            t = time.perf_counter()
+
+        def four() -> None:
             for _ in range(4):
                 torch.mm(a, b)
-            best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
-            if time.perf_counter() - start > budget_s:
-                return best / 1e12
-    finally:
-        if threads:
-            torch.set_num_threads(previous)
+
+        return 4 * 2 * n**3 / best_seconds(four, budget_s) / 1e12
 
 
 def measure_cpu_grouped_gemm_tflops(dtype: str = "fp32", threads: int | None = None, budget_s: float = 0.5,
@@ -152,14 +174,9 @@ def measure_cpu_grouped_gemm_tflops(dtype: str = "fp32", threads: int | None = N
     weight gradients are grouped GEMMs too, slower per FLOP than the forward on a CPU), 3 x 2 t d h FLOPs.
     On a CPU it is neither the plain GEMM's rate nor a fixed share of it (bf16 without bf16 units: several
     times faster than a plain bf16 mm; fp32: slower than a plain fp32 mm)."""
-    import time
-
     import torch
 
-    if threads:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
         x = torch.randn(tokens, dim, dtype=torch_dtype, requires_grad=True)
         w = torch.randn(experts, hidden, dim, dtype=torch_dtype, requires_grad=True)
@@ -169,17 +186,7 @@ def measure_cpu_grouped_gemm_tflops(dtype: str = "fp32", threads: int | None = N
         def step() -> None:
             torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets).backward(grad)
 
-        best, start = 0.0, time.perf_counter()
-        step()  # first call: thread pool and kernel selection
-        while True:
-            t = time.perf_counter()
-            step()
-            best = max(best, 3 * 2 * tokens * dim * hidden / (time.perf_counter() - t))
-            if time.perf_counter() - start > budget_s:
-                return best / 1e12
-    finally:
-        if threads:
-            torch.set_num_threads(previous)
+        return 3 * 2 * tokens * dim * hidden / best_seconds(step, budget_s) / 1e12
 
 
 def measure_cpu_training_gemm_tflops(threads: int | None = None, budget_s: float = 0.5, tokens: int = 512,
@@ -189,14 +196,9 @@ def measure_cpu_training_gemm_tflops(threads: int | None = None, budget_s: float
     forward FLOPs. Below the square probe's rate on a CPU (each GEMM's inputs were just written by
     another op, and the backward's are transposed): its ratio to that probe is the local profile's
     GEMM efficiency."""
-    import time
-
     import torch
 
-    if threads:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         weights = [(torch.randn(dim, hidden, requires_grad=True), torch.randn(hidden, dim, requires_grad=True))
                    for _ in range(layers)]
         x = torch.randn(tokens, dim)
@@ -207,18 +209,7 @@ def measure_cpu_training_gemm_tflops(threads: int | None = None, budget_s: float
                 y = (y @ up) @ down
             y.sum().backward()
 
-        flops = 3 * layers * 2 * (2 * tokens * dim * hidden)
-        best, start = 0.0, time.perf_counter()
-        step()  # first call: thread pool, kernel selection, the gradients' buffers
-        while True:
-            t = time.perf_counter()
-            step()
-            best = max(best, flops / (time.perf_counter() - t))
-            if time.perf_counter() - start > budget_s:
-                return best / 1e12
-    finally:
-        if threads:
-            torch.set_num_threads(previous)
+        return 3 * layers * 2 * (2 * tokens * dim * hidden) / best_seconds(step, budget_s) / 1e12
 
 
 def _read_peaks() -> dict[str, float]:

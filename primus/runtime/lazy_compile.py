@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from primus.runtime.patches import Swaps
+from primus.runtime.patches import Patch, Swaps, Where
 
 
 def lazy_compile(compile_now: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,3 +74,19 @@ class DeferredCompileFinder(importlib.abc.MetaPathFinder):
         if spec is not None and spec.loader is not None:
             spec.loader = DeferringLoader(spec.loader)
         return spec
+
+
+def install_deferred_compile(modules: frozenset[str], record: Patch) -> None:
+    """Put a ``DeferredCompileFinder`` for ``modules`` first on ``sys.meta_path`` (once), acting where
+    ``record``'s verdict for this host says so: it must be in place before the engine's first import, so an
+    engine's patch installs it when its backend is imported, and a run's ``Patcher`` finds it there. The
+    verdict is asked without ``torch.cuda.get_device_name`` (no CUDA context in a launcher)."""
+    if any(isinstance(finder, DeferredCompileFinder) and finder.modules == modules for finder in sys.meta_path):
+        return
+
+    def applies() -> bool:
+        import torch
+
+        return record.verdict(Where(torch.cuda.is_available(), uses=frozenset()))[0]
+
+    sys.meta_path.insert(0, DeferredCompileFinder(modules, applies))

@@ -293,20 +293,9 @@ def compile_on_first_call(swap: Swaps = PERMANENT) -> None:
     arguments (``primus.runtime.lazy_compile``).
     It acts on AutoModel's first import, so ``primus.backends.nemo_automodel`` installs it when imported; a
     run's ``Patcher`` finds it in place (the finder is inert afterwards)."""
-    from primus.runtime.lazy_compile import DeferredCompileFinder
+    from primus.runtime.lazy_compile import install_deferred_compile
 
-    if not any(isinstance(finder, DeferredCompileFinder) and finder.modules == COMPILING_AT_IMPORT
-               for finder in sys.meta_path):
-        sys.meta_path.insert(0, DeferredCompileFinder(COMPILING_AT_IMPORT, _compile_on_first_call_here))
-
-
-def _compile_on_first_call_here() -> bool:
-    """The record's verdict for this host, without ``torch.cuda.get_device_name`` (no CUDA context in a launcher)."""
-    import torch
-
-    from primus.runtime.patches import Where
-
-    return COMPILE_ON_FIRST_CALL.verdict(Where(torch.cuda.is_available(), uses=frozenset()))[0]
+    install_deferred_compile(COMPILING_AT_IMPORT, COMPILE_ON_FIRST_CALL)
 
 
 AUTOMODEL = SpecifierSet(">=0.7.0")  # written against 0.7.0; check_version warns on any other

@@ -258,18 +258,9 @@ def compile_on_first_call(swap: Swaps = PERMANENT) -> None:
     calls them. They compile on their first call instead, with the same arguments
     (``primus.runtime.lazy_compile``). It acts on TorchTitan's first import, so the adapter installs it
     before importing TorchTitan; a run's ``Patcher`` finds it in place (the finder is inert afterwards)."""
-    from primus.runtime.lazy_compile import DeferredCompileFinder
+    from primus.runtime.lazy_compile import install_deferred_compile
 
-    if not any(isinstance(finder, DeferredCompileFinder) and finder.modules == COMPILING_AT_IMPORT
-               for finder in sys.meta_path):
-        sys.meta_path.insert(0, DeferredCompileFinder(COMPILING_AT_IMPORT, _compile_on_first_call_here))
-
-
-def _compile_on_first_call_here() -> bool:
-    """The record's verdict for this host, without ``torch.cuda.get_device_name`` (no CUDA context in a launcher)."""
-    import torch
-
-    return COMPILE_ON_FIRST_CALL.verdict(Where(torch.cuda.is_available(), uses=frozenset()))[0]
+    install_deferred_compile(COMPILING_AT_IMPORT, COMPILE_ON_FIRST_CALL)
 
 
 class _TimeWithoutSleep:

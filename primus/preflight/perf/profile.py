@@ -71,20 +71,15 @@ def optimizer_s_per_param(budget_s: float = 1.0, implementation: str = "for-loop
     caches, as a real model's tensors are (a one-layer probe ran ~30% faster per parameter)."""
     import torch
 
+    from primus.plan.devices import best_seconds
+
     shapes = [(1536, 512), (1536, 512), (512, 1536), (512, 512), (256, 512), (256, 512), (512, 512), (512,), (512,)]
     params = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes * OPTIMIZER_LAYERS]
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=implementation == "foreach")
-    count = sum(p.numel() for p in params)
-    optimizer.step()  # first call: the moments are allocated
-    best, start = float("inf"), time.perf_counter()
-    while True:
-        t = time.perf_counter()
-        optimizer.step()
-        best = min(best, time.perf_counter() - t)
-        if time.perf_counter() - start > budget_s:
-            return best / count
+    # the first, untimed step allocates the moments
+    return best_seconds(optimizer.step, budget_s) / sum(p.numel() for p in params)
 
 
 def links_from(results: dict[int, Any]) -> tuple[float, float] | None:

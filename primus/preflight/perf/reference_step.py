@@ -12,7 +12,6 @@ device for the same reason). Its shape is not the 25M benchmark preset's.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -76,9 +75,9 @@ def measured_step_seconds(threads: int, budget_s: float = 1.0) -> float:
     """Best-of seconds of the reference's forward + backward with ``threads`` intra-op threads."""
     import torch
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    from primus.plan.devices import best_seconds, intra_op_threads
+
+    with intra_op_threads(threads):
         torch.manual_seed(0)
         model = _reference_model(torch)
         tokens = torch.randint(0, REFERENCE["vocab_size"], (BATCH, SEQ))
@@ -89,16 +88,7 @@ def measured_step_seconds(threads: int, budget_s: float = 1.0) -> float:
             for p in model.parameters():
                 p.grad = None
 
-        step()  # first call: thread pool, kernel selection
-        best, start = float("inf"), time.perf_counter()
-        while True:
-            t = time.perf_counter()
-            step()
-            best = min(best, time.perf_counter() - t)
-            if time.perf_counter() - start > budget_s:
-                return best
-    finally:
-        torch.set_num_threads(previous)
+        return best_seconds(step, budget_s)
 
 
 def projected_compute_seconds(profile: Any, threads: int) -> float:
