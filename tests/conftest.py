@@ -5,6 +5,7 @@ import collections
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,13 @@ def _unit_tests_start_no_python(request, monkeypatch):
     monkeypatch.setattr(WarmServer, "run", lambda self, args, *rest, **kwargs: pytest.fail(
         f"a unit test ran primus {' '.join(args)[:120]} (warm): mark it e2e", pytrace=False))
 
+
+# Tests never write the user's caches: the local device profile and the CPU peaks that preflight and the
+# plan tests measure go to a folder of this session (a profile measured under the suite's load, left in
+# ~/.cache, would be what every later real run on this host is projected with).
+_SESSION_CACHES = tempfile.mkdtemp(prefix="primus-test-caches-")
+os.environ.setdefault("PRIMUS_PROFILE_CACHE", os.path.join(_SESSION_CACHES, "profiles"))
+os.environ.setdefault("PRIMUS_PEAK_CACHE", os.path.join(_SESSION_CACHES, "cpu_peaks.json"))
 
 _JOB_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -102,11 +104,7 @@ def test_search_measure_reranks_the_top_layouts_by_real_runs_on_cpu(tmp_path):
     cpu = replace(PROFILES["h100"], name="local (cpu)", peak_tflops={"bf16": 0.02, "fp32": 0.02}, hbm_gbps=5.0,
                   memory_gib=8, gemm_tflops_by_threads={1: 0.02}, cores=2, gpus_per_node=2)
     env = {**os.environ, "PRIMUS_PROFILE_CACHE": str(tmp_path / "profiles"), "PRIMUS_CACHE": str(tmp_path / "cache")}
-    os.environ["PRIMUS_PROFILE_CACHE"] = env["PRIMUS_PROFILE_CACHE"]
-    try:
-        write_local_profile(cpu)
-    finally:
-        del os.environ["PRIMUS_PROFILE_CACHE"]
+    write_local_profile(cpu, Path(env["PRIMUS_PROFILE_CACHE"]) / f"{socket.gethostname()}.json")
     # the search itself in this process (cli_in_process); the measured layouts are runs it launches
     from tests.helpers import cli_in_process
 
