@@ -21,6 +21,21 @@ def _python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
+TRITON_STUB = "from primus.backends.torchtitan.patches import triton_import_stub as t; t()"
+
+
+def _upstream(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter with TorchTitan as it is upstream (only triton stubbed, to import it)."""
+    return _python(f"{TRITON_STUB}; {code}")
+
+
+def _skip_on_gpu(reason: str) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip(reason)
+
+
 @contextlib.contextmanager
 def _patched(*uses: str):
     """The run's patches for ``uses`` in this process, for the block only; the Patcher."""
@@ -51,12 +66,8 @@ def test_patches_are_named_gated_and_explained():
 
 @pytest.mark.e2e
 def test_cpu_device_type():
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA host needs no device patch")
-    bare = _python("from primus.backends.torchtitan.patches import triton_import_stub as t; t(); "
-                   "import torchtitan.tools.utils as u; print(u.device_type)")
+    _skip_on_gpu("a CUDA host needs no device patch")
+    bare = _upstream("import torchtitan.tools.utils as u; print(u.device_type)")
     assert bare.stdout.strip() == "cuda"  # upstream: 'cuda' on a CPU-only host -> set_device fails
     with _patched():
         import torchtitan.tools.utils as u
@@ -116,10 +127,7 @@ os._exit(0)
 @pytest.mark.e2e
 @pytest.mark.parametrize("mode, ok", [("bare", False), ("patched", True)])
 def test_gloo_sum_reduction(tmp_path, mode, ok):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("NCCL supports PREMUL_SUM")
+    _skip_on_gpu("NCCL supports PREMUL_SUM")
     script = tmp_path / "fsdp.py"
     script.write_text(GLOO_FSDP)
     result = subprocess.run(
@@ -130,20 +138,25 @@ def test_gloo_sum_reduction(tmp_path, mode, ok):
         assert "PREMUL_SUM" in result.stderr  # the upstream failure this patch exists for
 
 
-PRESPLIT_STEP = """
-import os, sys, torch, torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-dist.init_process_group("gloo", rank=0, world_size=1)
+# one 1F1B step over two pre-split micro-batches, as TorchTitan 0.3.0 calls it; `same`: the losses it reports
+PRESPLIT_BODY = """
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 stage = PipelineStage(model, stage_index=0, num_stages=1, device=torch.device("cpu"))
 schedule = Schedule1F1B(stage, n_microbatches=2, loss_fn=lambda out, target: ((out - target) ** 2).mean())
 x, y = torch.randn(2, 3, 4), torch.randn(2, 3, 1)
 losses = []
-schedule.step(arg_mbs=[(x[0],), (x[1],)], kwarg_mbs=[{}, {}], target_mbs=[y[0], y[1]], losses=losses)  # TorchTitan 0.3.0's call
+schedule.step(arg_mbs=[(x[0],), (x[1],)], kwarg_mbs=[{}, {}], target_mbs=[y[0], y[1]], losses=losses)
 expected = [float(((model(x[i]) - y[i]) ** 2).mean()) for i in range(2)]
-print("losses", [round(float(l), 6) for l in losses] == [round(e, 6) for e in expected], flush=True)
+same = [round(float(l), 6) for l in losses] == [round(e, 6) for e in expected]
+"""
+PRESPLIT_STEP = """
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+""" + PRESPLIT_BODY + """
+print("losses", same, flush=True)
 dist.destroy_process_group()
 """
 
@@ -167,7 +180,7 @@ def test_pipeline_presplit_microbatches_fail_upstream(tmp_path):
 
 
 def test_pipeline_presplit_microbatches():
-    """PRESPLIT_STEP's patched run, in this process (the patch through a Swaps, undone after)."""
+    """PRESPLIT_BODY patched, in this process (the patch through a Swaps, undone after)."""
     from primus.backends.torchtitan.patches import _torch_step_lacks_presplit, pipeline_presplit_microbatches
     from primus.runtime.patches import Swaps
 
@@ -181,16 +194,9 @@ def test_pipeline_presplit_microbatches():
     dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
     try:
         pipeline_presplit_microbatches(swaps)
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        stage = PipelineStage(model, stage_index=0, num_stages=1, device=torch.device("cpu"))
-        schedule = Schedule1F1B(stage, n_microbatches=2, loss_fn=lambda out, target: ((out - target) ** 2).mean())
-        x, y = torch.randn(2, 3, 4), torch.randn(2, 3, 1)
-        losses = []
-        schedule.step(arg_mbs=[(x[0],), (x[1],)], kwarg_mbs=[{}, {}], target_mbs=[y[0], y[1]],
-                      losses=losses)  # TorchTitan 0.3.0's call
-        expected = [float(((model(x[i]) - y[i]) ** 2).mean()) for i in range(2)]
-        assert [round(float(l), 6) for l in losses] == [round(e, 6) for e in expected]
+        scope = {"torch": torch, "PipelineStage": PipelineStage, "Schedule1F1B": Schedule1F1B}
+        exec(PRESPLIT_BODY, scope)
+        assert scope["same"], (scope["losses"], scope["expected"])
     finally:
         swaps.restore()
         dist.destroy_process_group()
@@ -200,7 +206,7 @@ def test_pipeline_presplit_microbatches():
 def test_peak_flops_from_primus_table(caplog, capfd):
     probe = ("import logging, sys; logging.basicConfig(stream=sys.stdout, level=logging.WARNING); {setup}; "
              "import torchtitan.tools.utils as u; print(u.get_peak_flops('cpu'), u.get_peak_flops('AMD Instinct MI300X'))")
-    bare = _python(probe.format(setup="from primus.backends.torchtitan.patches import triton_import_stub as t; t()"))
+    bare = _python(probe.format(setup=TRITON_STUB))
     assert "fallback to A100" in bare.stdout and bare.stdout.split()[-2] == "312000000000000.0"  # CPU "is" an A100
     capfd.readouterr()
     with _patched(), caplog.at_level(logging.DEBUG):
@@ -229,11 +235,8 @@ else:
 
 @pytest.mark.e2e
 def test_float8_on_cpu():
-    import torch
-
     pytest.importorskip("torchao")
-    if torch.cuda.is_available():
-        pytest.skip("a GPU host asks its own capability")
+    _skip_on_gpu("a GPU host asks its own capability")
     bare = _python(FLOAT8_CONVERTER.format(patch=""))
     assert "refused: Failed to swap to Float8Linear because float8 is only supported on NVIDIA SM89" in bare.stdout
     with _patched("float8") as applied:
@@ -305,10 +308,7 @@ dist.destroy_process_group()
 def test_end_of_training_barrier_holds_rank_zero_until_the_last_rank_finished(tmp_path):
     """Two gloo ranks: rank 1 leaves its training loop 3 s later; rank 0 waits for it at the barrier (upstream
     it sleeps a fixed 2 s and leaves first), so both leave ``train`` together."""
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("applied on hosts without a GPU")
+    _skip_on_gpu("applied on hosts without a GPU")
     script = tmp_path / "barrier.py"
     script.write_text(BARRIER)
     result = subprocess.run(["timeout", "-k", "5", "120", sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -356,12 +356,8 @@ print("inductor imported:", "torch._inductor.compile_fx" in sys.modules, "compil
 
 @pytest.mark.e2e
 def test_compile_on_first_call_keeps_inductor_out_of_torchtitans_import():
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("applied on hosts without a GPU")
-    bare = _python("from primus.backends.torchtitan.patches import triton_import_stub as t; t(); "
-                   "import sys, torchtitan.models.common.attention; print('torch._inductor.compile_fx' in sys.modules)")
+    _skip_on_gpu("applied on hosts without a GPU")
+    bare = _upstream("import sys, torchtitan.models.common.attention; print('torch._inductor.compile_fx' in sys.modules)")
     assert bare.stdout.strip() == "True"  # upstream: the class body's torch.compile imports Inductor
     fixed = _python(COMPILE_PROBE)
     assert fixed.returncode == 0, fixed.stderr[-2000:]
