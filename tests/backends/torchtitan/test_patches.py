@@ -268,7 +268,7 @@ def test_end_of_training_barrier_skips_the_rank_zero_sleep_and_undoes_cleanly(mo
     try:
         start = time.perf_counter()
         trainer.time.sleep(2)  # Trainer.train's last call on rank 0 (upstream: 2 s, every run)
-        assert time.perf_counter() - start < 1.0
+        assert time.perf_counter() - start < 2.0  # the upstream sleep takes 2 s; a no-op far less, however busy
         assert trainer.time.perf_counter is time.perf_counter  # its other uses of `time` unchanged
         assert trainer.Trainer.train is not original_train  # ends with a barrier where there are peers
     finally:
@@ -317,7 +317,7 @@ def test_end_of_training_barrier_holds_rank_zero_until_the_last_rank_finished(tm
     waits = {words[1]: float(words[3]) for words in (line.split("]:")[-1].split() for line in result.stdout.splitlines())
              if len(words) == 4 and words[2] == "waited"}
     assert waits["0"] >= 2.5, result.stdout  # held by the barrier until rank 1 arrived (upstream: 2.0)
-    assert waits["1"] < 1.0, result.stdout  # the last rank passes at once
+    assert waits["1"] < 2.0, result.stdout  # the last rank passes at once (a hang guard's margin, not a speed check)
 
 
 def test_no_download_count_ping_turns_the_s3_head_request_off_unless_the_user_set_it(monkeypatch):
