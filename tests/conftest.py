@@ -5,6 +5,7 @@ import collections
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -86,6 +87,17 @@ def _no_job_env_left_behind():
         for key in [k for k, v in before.items() if v is None]:
             os.environ.pop(key, None)
         pytest.fail(f"the test left {changed} in os.environ", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind():
+    """Fail a test that leaves torch.distributed's default group in this worker: a later fake-world plan
+    here refuses to build ("needs a process without a process group"), far from the cause."""
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("the test left a torch.distributed process group initialized", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -49,8 +49,24 @@ def _device() -> tuple[str, str]:
     return "cpu", "cpu"
 
 
+def _process_group_exists() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _release_process_group() -> None:
+    """End the group the engine's run created (AutoModel leaves its own for an atexit hook): the next module
+    of a one-rank job, in this same process, and any caller of ``train_worker`` start without one."""
+    import torch.distributed as dist
+
+    if _process_group_exists():
+        dist.destroy_process_group()
+
+
 def train_worker(payload: dict[str, Any]) -> int:
     started = time.time()
+    had_group = _process_group_exists()
     run_dir = Path(payload["run_dir"])
     tree = restore_secrets(RunDir(run_dir).read_config())
     module_name = payload["module"]
@@ -100,6 +116,7 @@ def train_worker(payload: dict[str, Any]) -> int:
     logger.info("%s %s on %s (rank %d/%d), stage %s", adapter.name, adapter.installed_version(),
                 device_name, rank, world_size, module.stage)
     status = "failed"  # what the trackers record as the run's end
+    ended_cleanly = False  # a rank that raises keeps its group: tearing it down can hang on a peer
     logger.info("MFU peak: %s TFLOP/s per device (%s)", "n/a" if peak is None else f"{peak:.4g}", peak_source)
     try:
         # the launcher's plan, or the same one rebuilt from config.resolved.yaml for this rank's run dir and device
@@ -108,10 +125,12 @@ def train_worker(payload: dict[str, Any]) -> int:
         with engine_output_to_log(), instruments.running():  # engine prints: this rank's debug.log
             adapter.run(plan, ctx)
         status = "completed"
+        ended_cleanly = True
         if rank == 0 and (line := projection_line(plan, reporter.step_times, device, device_name)):
             logger.info(line)  # predicted vs measured: every run adds a residual
     except Preempted as stop:
         status = "preempted"
+        ended_cleanly = True
         logger.warning("rank %d %s", rank, stop)
         if rank == 0:
             RunDir(run_dir).mark_preempted(stop.step, stop.checkpointed)
@@ -121,6 +140,7 @@ def train_worker(payload: dict[str, Any]) -> int:
         raise
     except ConfigError as exc:  # a refusal only this rank could see (its host, its files): one line, exit 2
         logger.error("rank %d: %s", rank, exc)
+        ended_cleanly = True
         return exc.exit_code
     except BaseException:
         logger.exception("rank %d failed", rank)
@@ -130,4 +150,6 @@ def train_worker(payload: dict[str, Any]) -> int:
         reporter.close(status)
         if summary := engine_warning_summary():  # engine warnings stayed in warning.log: say so once
             logger.info(summary)
+        if ended_cleanly and not had_group:
+            _release_process_group()
     return 0

@@ -31,9 +31,7 @@ def _megatron(spec: dict):
     from primus.runtime.patches import Patcher, Where
 
     with Patcher(PATCHES, Where.here(())):
-        owned = not dist.is_initialized()  # an in-process run earlier in this worker may have left its group
-        if owned:
-            dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
         try:
             parallel_state.initialize_model_parallel()
             torch.manual_seed(1234)
@@ -46,8 +44,7 @@ def _megatron(spec: dict):
         finally:
             tensor_parallel.get_cuda_rng_tracker().reset()
             parallel_state.destroy_model_parallel()
-            if owned:
-                dist.destroy_process_group()
+            dist.destroy_process_group()
 
 
 def _torchtitan(spec: dict):
