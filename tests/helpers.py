@@ -134,6 +134,8 @@ def train_with_torchrun(run_dir: Path, framework: str, params: dict[str, Any], *
     payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                 **(env or {})}
+    if nproc > 1:  # ranks forked from a warm server where they would be the same process (tests/warm_start.py)
+        full_env = with_warm_ranks(framework, full_env, Path.cwd())
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "primus.runtime.worker", "primus.launch.rank:train_worker", str(payload)]
     result = subprocess.run(["timeout", "-k", "10", str(timeout), *command], capture_output=True, text=True,
@@ -212,9 +214,12 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
             fresh: bool = False) -> subprocess.CompletedProcess:
     """``python -m primus.cli.main ARGS`` with ``env`` in ``cwd``, in its own session (a timeout kills
     the launcher and its workers). A ``train`` run is forked from a warm server that imported its
-    engine already, where that child would be the same process as a fresh one (``_warm_server``);
-    ``fresh=True`` or ``PRIMUS_TEST_WARM=0`` always starts a new interpreter."""
+    engine already, where that child would be the same process as a fresh one (``_warm_server``), and
+    so are the ranks its torchrun agent starts (``with_warm_ranks``); ``fresh=True`` or
+    ``PRIMUS_TEST_WARM=0`` always starts new interpreters."""
     args = [str(a) for a in args]
+    if not fresh and _ranks_of(args) > 1 and _warm_wanted(args, env):
+        env = with_warm_ranks(_engine_of(args, Path(cwd)), env, Path(cwd))
     server = None if fresh else _warm_server(args, env, Path(cwd))
     if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, for whoever tunes this
         with open(os.environ["PRIMUS_TEST_WARM_LOG"], "a") as log:
@@ -251,8 +256,8 @@ def _engine_of(args: list[str], cwd: Path) -> str | None:
 
 def _warm_server(args: list[str], env: dict[str, str], cwd: Path) -> "WarmServer | None":
     """The warm server that can run ``args`` as a fresh process would, or None."""
-    if os.environ.get("PRIMUS_TEST_WARM", "1") == "0" or "--verbose" in args or env.get("PRIMUS_VERBOSE"):
-        return None  # --verbose: Hugging Face's progress bars are decided at their import, from the verbosity
+    if not _warm_wanted(args, env):
+        return None
     engine = _engine_of(args, cwd)
     if engine is None:
         return None
@@ -262,22 +267,63 @@ def _warm_server(args: list[str], env: dict[str, str], cwd: Path) -> "WarmServer
     return server if server.same_process_for(env, cwd) else None
 
 
-class WarmServer:
-    """One ``python -m tests.warm_start`` of this pytest process, with ``engine`` imported."""
+def _warm_wanted(args: list[str], env: dict[str, str]) -> bool:
+    # --verbose: Hugging Face's progress bars are decided at their import, from the verbosity
+    return os.environ.get("PRIMUS_TEST_WARM", "1") != "0" and "--verbose" not in args and not env.get("PRIMUS_VERBOSE")
 
-    def __init__(self, engine: str):
+
+_rank_servers: list["WarmServer"] = []
+_RANK_SERVERS_PER_ENGINE = 2  # each holds an engine's imports in memory; a third start-up env runs cold
+
+
+def with_warm_ranks(engine: str | None, env: dict[str, str], cwd: Path) -> dict[str, str]:
+    """``env`` for a torchrun agent whose ranks (``-m primus.runtime.worker``) should be forked from a warm
+    server of ``engine`` (``tests/warm_start.CLIENT``, through torchrun's ``PYTHON_EXEC``): the server was
+    started with the environment the ranks get (torchrun's OMP_NUM_THREADS=1 where the agent has none),
+    and refuses a rank whose environment would make its child differ from a fresh process."""
+    if engine is None or os.environ.get("PRIMUS_TEST_WARM", "1") == "0" or env.get("PRIMUS_VERBOSE"):
+        return env
+    rank_env = {"OMP_NUM_THREADS": "1", **env}
+    server = next((s for s in _rank_servers if s.engine == engine and s.same_process_for(rank_env, cwd)), None)
+    if server is None and sum(s.engine == engine for s in _rank_servers) < _RANK_SERVERS_PER_ENGINE:
+        server = WarmServer(engine, env=rank_env, cwd=cwd)
+        _rank_servers.append(server)
+    if server is None or not server.usable:
+        return env
+    return {**env, "PYTHON_EXEC": server.client, "PRIMUS_TEST_WARM_SOCKET": str(server.folder / "socket")}
+
+
+def _ranks_of(args: list[str]) -> int:
+    """The ranks per node a ``primus train`` command line asks for (1 where it names none)."""
+    for position, arg in enumerate(args):
+        if arg.startswith("--nproc-per-node="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--nproc-per-node" and position + 1 < len(args):
+            value = args[position + 1]
+        else:
+            continue
+        return int(value) if value.isdigit() else 1
+    return 1
+
+
+class WarmServer:
+    """One ``python -m tests.warm_start`` of this pytest process, with ``engine`` imported, started with
+    ``env`` (this process's environment) in ``cwd``."""
+
+    def __init__(self, engine: str, env: dict[str, str] | None = None, cwd: Path = ROOT):
         import atexit
         import tempfile
 
-        from tests.warm_start import INTERPRETER_START
+        from tests.warm_start import write_client
 
-        self.start_pattern = INTERPRETER_START
+        self.engine = engine
         self.folder = Path(tempfile.mkdtemp(prefix=f"primus-warm-{engine}-"))
+        self.client = write_client(str(self.folder))
         # this process's environment now: what an engine's import in this process (importorskip) set is in it too
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
         with open(self.folder / "server.log", "w") as log:
             self.process = subprocess.Popen([*CLI[:1], "-m", "tests.warm_start", str(self.folder / "socket"), engine],
-                                            cwd=ROOT, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                             stderr=log, start_new_session=True)
         line = self.process.stdout.readline()
         self.recorded = json.loads(line) if line else None
@@ -296,25 +342,17 @@ class WarmServer:
     def same_process_for(self, env: dict[str, str], cwd: Path) -> bool:
         """Would a child be the process ``python -m primus.cli.main`` with ``env`` in ``cwd`` would be? Its
         modules computed their state from the server's environment and working directory at import."""
-        if not self.usable or str(cwd.resolve()) != self.recorded["cwd"]:
-            return False
-        set_by_import = self.recorded["reads"]  # what the imports read, as they left it (a default they set)
+        from tests.warm_start import differences
 
-        def same(key: str) -> bool:  # a value the imports read, or the one they set for themselves when unset
-            return env.get(key) == self.env.get(key) or (key in set_by_import and env.get(key) == set_by_import[key])
-
-        prefixes = tuple(self.recorded["prefixes"])  # read by iterating the environment at import
-        started = {key for key in (*env, *self.env) if self.start_pattern.match(key) or key.startswith(prefixes)}
-        return all(same(key) for key in (*set_by_import, *started))
+        return self.usable and not differences(self.recorded, self.env, env, str(cwd))
 
     def run(self, args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-        import importlib.util
         import selectors
         import socket
         import time
 
         command = [*CLI, *args]
-        request = {"args": args, "env": env, "cwd": str(cwd), "main_path": importlib.util.find_spec("primus.cli.main").origin}
+        request = {"args": args, "env": env, "cwd": str(cwd)}
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:

@@ -33,10 +33,15 @@ import re
 import select
 import socket
 import sys
+from pathlib import Path
 
 # Read by C libraries when torch loads (OpenMP, MKL, torch's C++ static initialisers, allocators,
 # collective libraries) or by the interpreter at start: invisible to the recording, compared whole.
-INTERPRETER_START = re.compile(r"^(PYTHON(?!UNBUFFERED$)\w*|LANG|LANGUAGE|LC_\w+|TZ|LD_\w+|MALLOC_\w+|OMP_\w+|KMP_\w+|"
+# Not among them: PYTHONUNBUFFERED (the child's streams are made for it), PYTHON_EXEC (read by torchrun's
+# Python code when it starts a worker) and what torchrun sets for its workers (TORCHELASTIC_*, read by
+# Python code: recorded when read at import; TORCH_NCCL_ASYNC_ERROR_HANDLING, read when an NCCL group is made).
+INTERPRETER_START = re.compile(r"^(?!TORCHELASTIC_|TORCH_NCCL_ASYNC_ERROR_HANDLING$)"
+                               r"(PYTHON(?!UNBUFFERED$|_EXEC$)\w*|LANG|LANGUAGE|LC_\w+|TZ|LD_\w+|MALLOC_\w+|OMP_\w+|KMP_\w+|"
                                r"GOMP_\w+|MKL_\w+|OPENBLAS_\w+|TORCH\w*|PYTORCH_\w+|CUDA_\w+|HIP_\w+|ROC\w+|HSA_\w+|"
                                r"NCCL_\w+|RCCL_\w+|GLOO_\w+|TP_\w+|XDG_\w+|HOME|TMPDIR|PATH)$")
 # Per engine, its modules that Primus imports and a tiny run of it imports (the rest come with them).
@@ -57,6 +62,8 @@ ENGINE_MODULES = {
     "nemo_automodel": ("nemo_automodel.recipes.llm.train_ft", "nemo_automodel.recipes.diffusion.train",
                        "nemo_automodel.components.checkpoint.checkpointing", "nemo_automodel.components.config.loader"),
 }
+# What every run imports whatever its engine: the launcher's end-of-run plot of metrics.jsonl.
+RUN_MODULES = ("matplotlib.pyplot",)
 
 
 class _RecordingEnviron(os._Environ):
@@ -98,6 +105,21 @@ ITERATED_PREFIXES = {"tqdm.utils": "TQDM_", "fsspec.config": "FSSPEC_", "network
                      "diffusers.utils.import_utils": "COLAB_"}
 
 
+def differences(recorded: dict, start_env: dict[str, str], env: dict[str, str], cwd: str) -> list[str]:
+    """Why a child for ``env`` in ``cwd`` would not be the process a fresh interpreter would be (empty: it
+    would): the server's modules computed their state from ``start_env`` and its working directory."""
+    if str(Path(cwd).resolve()) != recorded["cwd"]:
+        return [f"cwd {cwd}"]
+    set_by_import = recorded["reads"]  # what the imports read, as they left it (a default they set)
+
+    def same(key: str) -> bool:  # a value the imports read, or the one they set for themselves when unset
+        return env.get(key) == start_env.get(key) or (key in set_by_import and env.get(key) == set_by_import[key])
+
+    prefixes = tuple(recorded["prefixes"])  # read by iterating the environment at import
+    started = {key for key in (*env, *start_env) if INTERPRETER_START.match(key) or key.startswith(prefixes)}
+    return sorted(key for key in {*set_by_import, *started} if not same(key))
+
+
 def _import_engine(engine: str) -> None:
     """What a run of ``engine`` imports before its first step, the way it imports it: through its
     Primus adapter first (its import shims), then the modules its recipes import."""
@@ -111,7 +133,7 @@ def _import_engine(engine: str) -> None:
     adapter.import_engine()
     for row in adapter.recipes:
         adapter._load(row)
-    for name in ENGINE_MODULES[engine]:
+    for name in (*ENGINE_MODULES[engine], *RUN_MODULES):
         importlib.import_module(name)
 
 
@@ -181,47 +203,88 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
-def serve(path: str, recorded: dict) -> tuple[dict, list[int]] | None:
-    """Accept runs until stdin closes. Returns in a forked child only: its request and descriptors."""
+def serve(path: str, recorded: dict, start_env: dict[str, str]) -> tuple[dict, list[int]] | None:
+    """Accept runs until stdin closes; several may run at once (a launcher and its ranks). Returns in a
+    forked run only: its request and descriptors. A request for a module (a rank a torchrun agent
+    started through ``CLIENT``) is refused here when its environment or working directory would make a
+    child differ from a fresh process (``differences``); the client then starts the real interpreter."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(8)
+    listener.listen(16)
     print(json.dumps(recorded), flush=True)
     while True:
-        ready, _, _ = select.select([listener, sys.stdin], [], [])
+        while True:  # reap the waiters that ended
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        ready, _, _ = select.select([listener, sys.stdin], [], [], 5)
         if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
             return None
         if listener not in ready:
             continue
         conn, _ = listener.accept()
-        with conn:
+        try:
+            request, fds = _recv_request(conn)
+        except (OSError, EOFError, ValueError):
+            conn.close()
+            continue
+        why_not = differences(recorded, start_env, request["env"], request["cwd"]) if request.get("check") else []
+        if why_not:  # in server.log: what made a rank start cold
+            print(f"refused {request.get('module')}: differs in {why_not}", file=sys.stderr, flush=True)
+            _reply(conn, {"refused": why_not})
+        elif os.fork() == 0:  # the waiter: starts the run, reports its pid and exit status
+            listener.close()
+            run = _start_and_wait(conn, request, fds)
+            if run is None:
+                os._exit(0)
+            return run
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+def _reply(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def _start_and_wait(conn: socket.socket, request: dict, fds: list[int]) -> tuple[dict, list[int]] | None:
+    """In a waiter: fork the run in its own session, send its pid, then its exit status. A client that
+    goes away first (a torchrun agent SIGKILLed its rank's client) takes the run with it."""
+    import signal
+
+    started_r, started_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # start_new_session: a timeout's killpg reaches the launcher and its workers
+        os.close(started_r)
+        os.close(started_w)
+        conn.close()
+        return request, fds
+    os.close(started_w)
+    os.read(started_r, 1)  # EOF once the run is in its own session (it closed the pipe)
+    os.close(started_r)
+    for fd in fds:
+        os.close(fd)
+    _reply(conn, {"pid": pid})
+    ended = os.pidfd_open(pid)
+    while True:
+        ready, _, _ = select.select([ended, conn], [], [])
+        if ended in ready:
+            break
+        if not conn.recv(1 << 10):  # the client is gone
             try:
-                request, fds = _recv_request(conn)
-            except (OSError, EOFError, ValueError):
-                continue
-            started_r, started_w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.setsid()  # start_new_session: a timeout's killpg reaches the launcher and its workers
-                os.close(started_r)
-                os.close(started_w)
-                listener.close()
-                conn.close()
-                return request, fds
-            os.close(started_w)
-            os.read(started_r, 1)  # EOF once the child is in its own session (it closed the pipe)
-            os.close(started_r)
-            for fd in fds:
-                os.close(fd)
-            try:
-                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            except OSError:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
-            _, status = os.waitpid(pid, 0)
-            try:
-                conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-            except OSError:
-                pass
+            break
+    _, status = os.waitpid(pid, 0)
+    _reply(conn, {"returncode": os.waitstatus_to_exitcode(status)})
+    return None
 
 
 def _std_streams(unbuffered: bool) -> None:
@@ -257,28 +320,79 @@ def _hold_import_records() -> None:
         held.handle(record)
 
 
-def become_primus(request: dict, fds: list[int]) -> None:
-    """In the forked child: this process becomes ``python -m primus.cli.main ARGS``."""
+def become(request: dict, fds: list[int]) -> None:
+    """In the forked run: this process becomes ``python [-u] -m MODULE ARGS`` (``primus.cli.main``
+    unless the request names another module: a rank's ``primus.runtime.worker``)."""
+    import importlib.util
+    import runpy
+
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    _std_streams(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
-    main_path = request["main_path"]
-    sys.argv = [main_path, *request["args"]]
-    sys.orig_argv = [sys.executable, "-m", "primus.cli.main", *request["args"]]
+    module = request.get("module", "primus.cli.main")
+    _std_streams(unbuffered=bool(request.get("unbuffered") or os.environ.get("PYTHONUNBUFFERED")))
+    sys.argv = [importlib.util.find_spec(module).origin, *request["args"]]
+    sys.orig_argv = [sys.executable, *(["-u"] if request.get("unbuffered") else []), "-m", module, *request["args"]]
     sys.path[0] = os.getcwd()  # what `python -m` puts first
     _hold_import_records()
-    import runpy
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
-    runpy.run_module("primus.cli.main", run_name="__main__", alter_sys=True)
+
+# ``PYTHON_EXEC`` for a torchrun agent (read by ``torch.distributed.run``): each rank it starts as
+# ``PYTHON_EXEC -u -m MODULE ARGS`` asks the warm server at PRIMUS_TEST_WARM_SOCKET for a child that becomes
+# that rank, relays the agent's signals to it and exits as it did; anything else, or a refusal, runs the
+# real interpreter. It imports only the standard library (-I -S: no site, no environment).
+CLIENT = """#!{python} -IS
+import json, os, signal, socket, sys
+PYTHON = {python!r}
+argv = sys.argv[1:]
+path = os.environ.get("PRIMUS_TEST_WARM_SOCKET")
+if not path or len(argv) < 3 or argv[:2] != ["-u", "-m"]:
+    os.execv(PYTHON, [PYTHON, *argv])
+import ctypes
+ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the agent, as a real rank
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    conn.connect(path)
+except OSError:
+    os.execv(PYTHON, [PYTHON, *argv])
+request = {{"module": argv[2], "args": argv[3:], "unbuffered": True, "check": True, "env": dict(os.environ),
+           "cwd": os.getcwd()}}
+socket.send_fds(conn, [json.dumps(request).encode() + b"\\n"], [0, 1, 2])
+reader = conn.makefile("rb")
+reply = json.loads(reader.readline() or b"{{}}")
+if "pid" not in reply:
+    conn.close()
+    os.execv(PYTHON, [PYTHON, *argv])
+pid = reply["pid"]
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+    signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
+line = reader.readline()
+code = json.loads(line)["returncode"] if line else 1
+if code < 0:  # end as the rank did: by its signal, its default action
+    if -code != signal.SIGKILL:
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def write_client(folder: str) -> str:
+    """The ``PYTHON_EXEC`` file for this interpreter, in ``folder``; its path."""
+    path = os.path.join(folder, "python")
+    with open(path, "w") as out:
+        out.write(CLIENT.format(python=sys.executable))
+    os.chmod(path, 0o755)
+    return path
 
 
 if __name__ == "__main__":
     sys.path[0] = os.getcwd()
-    request = serve(sys.argv[1], preload(sys.argv[2]))
+    start_env = dict(os.environ)
+    request = serve(sys.argv[1], preload(sys.argv[2]), start_env)
     if request is None:
         sys.exit(0)
-    become_primus(*request)
+    become(*request)

@@ -53,7 +53,8 @@ def _goodput_checks(run_dir, stdout):
 def test_sigkill_of_one_rank_stops_the_job_and_names_it(run_primus, workspace):
     start = time.monotonic()
     result = run_primus("train", TINY_EXAMPLE, "--nproc-per-node", "2", "exp_name=killed", "training.steps=50",
-                        env={"PRIMUS_FAULT_INJECT": "kill@rank1:step3"}, timeout=300)
+                        env={"PRIMUS_FAULT_INJECT": "kill@rank1:step3"}, timeout=300,
+                        fresh=True)  # real rank processes: the orphan check below looks for them by command line
     assert time.monotonic() - start < 240  # a hang guard: the job stops after the kill (seconds on an idle host)
     assert result.returncode not in (0, 2, 75)
     assert "FAILED first failure: rank 1 (local 1) on" in result.stderr and "signal SIGKILL" in result.stderr
@@ -123,6 +124,13 @@ def test_resume_skips_a_partial_newest_checkpoint(titan_trained, run_primus, wor
     assert "Training starts at step 3" in (run_dir / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
 
 
+def _has_a_step(run_dir) -> bool:
+    try:
+        return bool(read_metrics(run_dir))
+    except (OSError, ValueError):  # not written yet, or a row half-written
+        return False
+
+
 def test_a_second_concurrent_launch_is_refused(run_primus, workspace, tiny_cache):
     env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace), "PRIMUS_CACHE": str(tiny_cache)}
     first = subprocess.Popen([*PRIMUS, "train", str(TINY_EXAMPLE), "exp_name=busy", "training.steps=400"],
@@ -130,7 +138,8 @@ def test_a_second_concurrent_launch_is_refused(run_primus, workspace, tiny_cache
     try:
         run_dir = _run_dir(workspace, "busy")
         deadline = time.monotonic() + 120
-        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        # a first step row: the run is training (its SIGTERM handler is in), not still starting its rank
+        while not _has_a_step(run_dir) and time.monotonic() < deadline:
             time.sleep(0.5)
         second = run_primus("train", TINY_EXAMPLE, "exp_name=busy", "training.steps=400")
         assert second.returncode == 2
