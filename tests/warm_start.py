@@ -19,6 +19,12 @@ of those that iterate it), and ``tests.helpers.run_cli`` forks a run only when t
 environment agrees with the server's on those, on ``INTERPRETER_START`` (read by C code or by the
 interpreter at start), and its working directory is the server's; otherwise it starts a real process.
 
+The ranks of a multi-rank run start the same way: torchrun runs ``PYTHON_EXEC -u -m MODULE ARGS`` per rank,
+and ``tests.helpers.with_warm_ranks`` points PYTHON_EXEC at ``CLIENT``, which asks a server started with the
+ranks' environment (torchrun's OMP_NUM_THREADS=1) for a child; the server makes the same comparison
+(``differences``) against each rank's environment and working directory and refuses where they differ, and
+the client then runs the real interpreter. Tests that look for rank processes by command line run fresh.
+
 Run as ``python -m tests.warm_start SOCKET ENGINE``: it prints one JSON line (what it recorded) when
 ready, and serves until its stdin closes (its pytest process ended).
 """
