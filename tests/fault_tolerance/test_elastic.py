@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -64,7 +65,10 @@ def test_a_lost_node_is_left_behind_and_the_run_continues_on_the_survivor(run_pr
     info = "".join(p.read_text() for p in (run_dir / "logs" / "pre_trainer").glob("rank-0/info.log"))
     warning = "".join(p.read_text() for p in (run_dir / "logs" / "pre_trainer").glob("rank-0/warning.log"))
     assert "resuming from the latest checkpoint on 1 ranks (was 2: elastic, a node was lost)" in warning
-    assert "loaded checkpoint" in info and ("at iteration 2" in info or "at iteration 4" in info)
+    # a checkpoint the 2-node run saved (every 2 steps) before node 1 died: on a loaded host more steps may pass
+    # between the poll that saw step 3 and the kill
+    loaded = [int(n) for n in re.findall(r"loaded checkpoint \S+ at iteration (\d+)", info)]
+    assert loaded and loaded[-1] in (2, 4, 6), info[-2000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     restarts = manifest["attempts"][-1]["restarts"]
     assert restarts[-1]["world_size"] == 1 and manifest["status"] == "completed"
