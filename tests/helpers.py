@@ -134,9 +134,10 @@ def train_with_torchrun(run_dir: Path, framework: str, params: dict[str, Any], *
     payload = write_run(run_dir, framework, params, stage=stage, resume=resume)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                 **(env or {})}
-    if nproc > 1:  # ranks forked from a warm server where they would be the same process (tests/warm_start.py)
-        full_env = with_warm_ranks(framework, full_env, Path.cwd())
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    # the agent and its ranks forked from a warm server where they would be the same process (tests/warm_start.py)
+    full_env = with_warm_ranks(framework, full_env, Path.cwd())
+    python = [full_env["PYTHON_EXEC"], "-u"] if "PYTHON_EXEC" in full_env else [sys.executable]
+    command = [*python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "primus.runtime.worker", "primus.launch.rank:train_worker", str(payload)]
     result = subprocess.run(["timeout", "-k", "10", str(timeout), *command], capture_output=True, text=True,
                             env=full_env)
