@@ -277,12 +277,15 @@ def _start_and_wait(conn: socket.socket, request: dict, fds: list[int]) -> tuple
     for fd in fds:
         os.close(fd)
     _reply(conn, {"pid": pid})
-    ended = os.pidfd_open(pid)
+    try:
+        ended = [os.pidfd_open(pid)]  # readable when the run ends
+    except (AttributeError, OSError):  # a kernel before 5.3: look every second instead
+        ended = []
     while True:
-        ready, _, _ = select.select([ended, conn], [], [])
-        if ended in ready:
+        ready, _, _ = select.select([*ended, conn], [], [], None if ended else 1.0)
+        if (ended and ended[0] in ready) or (not ended and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)):
             break
-        if not conn.recv(1 << 10):  # the client is gone
+        if conn in ready and not conn.recv(1 << 10):  # the client is gone
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
