@@ -23,7 +23,8 @@ The ranks of a multi-rank run start the same way: torchrun runs ``PYTHON_EXEC -u
 and ``tests.helpers.with_warm_ranks`` points PYTHON_EXEC at ``CLIENT``, which asks a server started with the
 ranks' environment (torchrun's OMP_NUM_THREADS=1) for a child; the server makes the same comparison
 (``differences``) against each rank's environment and working directory and refuses where they differ, and
-the client then runs the real interpreter. Tests that look for rank processes by command line run fresh.
+the client then runs the real interpreter. Tests that look for rank processes by command line, or probe a
+rank's interpreter start (a sitecustomize), run fresh (`fresh=True`).
 
 Run as ``python -m tests.warm_start SOCKET ENGINE``: it prints one JSON line (what it recorded) when
 ready, and serves until its stdin closes (its pytest process ended).
