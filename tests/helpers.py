@@ -219,7 +219,7 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
     so are the ranks its torchrun agent starts (``with_warm_ranks``); ``fresh=True`` or
     ``PRIMUS_TEST_WARM=0`` always starts new interpreters."""
     args = [str(a) for a in args]
-    if not fresh and _ranks_of(args) > 1 and _warm_wanted(args, env):
+    if not fresh and _ranks_of(args) > 1 and "--verbose" not in args:
         env = with_warm_ranks(_engine_of(args, Path(cwd)), env, Path(cwd))
     server = None if fresh else _warm_server(args, env, Path(cwd))
     if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, for whoever tunes this
@@ -282,7 +282,7 @@ def with_warm_ranks(engine: str | None, env: dict[str, str], cwd: Path) -> dict[
     server of ``engine`` (``tests/warm_start.CLIENT``, through torchrun's ``PYTHON_EXEC``): the server was
     started with the environment the ranks get (torchrun's OMP_NUM_THREADS=1 where the agent has none),
     and refuses a rank whose environment would make its child differ from a fresh process."""
-    if engine is None or os.environ.get("PRIMUS_TEST_WARM", "1") == "0" or env.get("PRIMUS_VERBOSE"):
+    if engine is None or not _warm_wanted([], env):
         return env
     rank_env = {"OMP_NUM_THREADS": "1", **env}
     server = next((s for s in _rank_servers if s.engine == engine and s.same_process_for(rank_env, cwd)), None)
