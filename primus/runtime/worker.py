@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 def run_target(target: str, payload: dict[str, Any]) -> int:
@@ -51,6 +51,29 @@ def fresh_store_after_restart() -> None:
         os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + restart)
 
 
+def end_process(code: int) -> NoReturn:
+    """End this rank as ``multiprocessing`` ends the children it forks: wait for its non-daemon threads,
+    run the atexit callbacks (trackers, log handlers, an engine's own teardown), flush, ``os._exit``.
+
+    Interpreter finalization is skipped on purpose: a process group still referenced from C++ (a gloo
+    group a device mesh holds, with a collective never waited on) is destroyed there, and gloo then
+    aborts the process ("terminate called without an active exception", SIGABRT) after a run that
+    succeeded, so torchrun reports the rank as failed. Seen about once per few hundred CPU ranks."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # what finalization would run first; includes logging.shutdown
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken: nothing left to save
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -63,4 +86,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())

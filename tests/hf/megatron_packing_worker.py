@@ -61,4 +61,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from primus.runtime.worker import end_process  # a rank's end, without the gloo abort at exit
+
+    end_process(main())

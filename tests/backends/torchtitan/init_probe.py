@@ -46,4 +46,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from primus.runtime.worker import end_process  # a rank's end, without the gloo abort at exit
+
+    end_process(main() or 0)
