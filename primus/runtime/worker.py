@@ -52,8 +52,10 @@ def fresh_store_after_restart() -> None:
 
 
 def end_process(code: int) -> NoReturn:
-    """End this rank as ``multiprocessing`` ends the children it forks: wait for its non-daemon threads,
-    run the atexit callbacks (trackers, log handlers, an engine's own teardown), flush, ``os._exit``.
+    """End this rank as ``multiprocessing`` ends the children it forks (``BaseProcess._bootstrap``):
+    ``threading._shutdown`` (the threading atexit hooks, e.g. idle executor workers told to stop, then a
+    join of every non-daemon thread), the atexit callbacks (trackers, log handlers, an engine's own
+    teardown), a flush, then ``os._exit``.
 
     Interpreter finalization is skipped on purpose: a process group still referenced from C++ (a gloo
     group a device mesh holds, with a collective never waited on) is destroyed there, and gloo then
@@ -62,10 +64,8 @@ def end_process(code: int) -> NoReturn:
     import atexit
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what finalization would run first; includes logging.shutdown
+    threading._shutdown()  # private, as multiprocessing calls it: what finalization runs first
+    atexit._run_exitfuncs()  # includes logging.shutdown
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -2,7 +2,10 @@
 import atexit
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+IDLE_EXECUTORS: list[ThreadPoolExecutor] = []  # never shut down: a run's leftovers
 
 
 def unwaited_collectives(payload: dict) -> int:
@@ -19,8 +22,11 @@ def unwaited_collectives(payload: dict) -> int:
 
 
 def leaves_work_for_the_exit(payload: dict) -> int:
-    """Returns 3, leaving a non-daemon thread still writing and an atexit callback to run."""
+    """Returns 3, leaving a non-daemon thread still writing, an idle executor's worker (which stops
+    only when told to at exit) and an atexit callback to run."""
     folder = Path(payload["folder"])
+    IDLE_EXECUTORS.append(ThreadPoolExecutor(1))
+    IDLE_EXECUTORS[-1].submit(lambda: None).result()
 
     def late_write() -> None:
         time.sleep(0.5)
