@@ -7,10 +7,12 @@ failing rank's traceback to its error file, so the launcher can name the rank th
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,9 +63,6 @@ def end_process(code: int) -> NoReturn:
     group a device mesh holds, with a collective never waited on) is destroyed there, and gloo then
     aborts the process ("terminate called without an active exception", SIGABRT) after a run that
     succeeded, so torchrun reports the rank as failed. Seen about once per few hundred CPU ranks."""
-    import atexit
-    import threading
-
     threading._shutdown()  # private, as multiprocessing calls it: what finalization runs first
     atexit._run_exitfuncs()  # includes logging.shutdown
     for stream in (sys.stdout, sys.stderr):

@@ -12,17 +12,14 @@ pytest.importorskip("torch")
 TARGETS = "tests.runtime.worker_targets"
 
 
-def _torchrun(*command: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           *command], capture_output=True, text=True, timeout=300)
-
-
 def test_a_leftover_gloo_group_with_unwaited_work_does_not_fail_the_rank(tmp_path):
     """Ended by the interpreter's own exit instead (``sys.exit``), this rank aborts 9 times in 10 here
     (torch 2.13, gloo; pytorch/pytorch#190489 is the same abort from a group never destroyed)."""
     payload = tmp_path / "payload.json"
     payload.write_text("{}")
-    worker = _torchrun("-m", "primus.runtime.worker", f"{TARGETS}:unwaited_collectives", str(payload))
+    worker = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             "-m", "primus.runtime.worker", f"{TARGETS}:unwaited_collectives", str(payload)],
+                            capture_output=True, text=True, timeout=300)  # a hang guard
     assert worker.returncode == 0, worker.stderr[-2000:]
 
 
