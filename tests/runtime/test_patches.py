@@ -21,7 +21,8 @@ CPU_ONLY = {
                  "patch_param_type_checks", "patch_moe_router_gemm_name",
                  "patch_alltoall_dispatcher_without_cuda_streams", "patch_cpu_expert_init_across_ep_ranks",
                  "patch_torch_fsdp2_cpu_mesh", "patch_lazy_fusion_compile", "patch_checkpoint_results_queue_by_fork"},
-    "nemo_automodel": {"llm_recipe_on_cpu", "checkpoint_on_transient_group", "compile_on_first_call"},
+    "nemo_automodel": {"llm_recipe_on_cpu", "checkpoint_on_transient_group", "compile_on_first_call",
+                       "eager_float32_rms_norm"},
 }
 EVERY_PART = frozenset({"float8", "llama4", "llm", "diffusion", "sanitize_nan_grads"})
 

@@ -130,3 +130,36 @@ def test_compile_on_first_call_keeps_inductor_out_of_automodels_import():
 
     assert "inductor imported: True" in probe("")
     assert "inductor imported: False compile restored: torch" in probe("import primus.backends.nemo_automodel")
+
+
+def test_eager_float32_rms_norm_runs_the_same_op_without_compiling():
+    """AutoModel's fp32 RMSNorm compiles one opaque custom op (upstream: Dynamo traces it on the first call);
+    patched, the module calls that op eagerly: no frame compiled, the op's own output and gradients; undone,
+    the compiled function is back."""
+    import torch
+    from torch._dynamo.utils import counters
+    from nemo_automodel.components.models.common import utils
+
+    from primus.backends.nemo_automodel.patches import eager_float32_rms_norm
+    from primus.runtime.patches import Swaps
+
+    compiled = utils._float32_rms_norm_fwd
+    torch.manual_seed(0)
+    norm = utils.Float32RMSNorm(16, eps=1e-5, dtype=torch.float32)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    reference = x.detach().clone().requires_grad_()
+    frames = counters["frames"]["total"]
+    swap = Swaps()
+    eager_float32_rms_norm(swap)
+    try:
+        out = norm(x)
+        out.square().sum().backward()
+    finally:
+        swap.restore()
+    assert counters["frames"]["total"] == frames  # nothing compiled
+    assert utils._float32_rms_norm_fwd is compiled
+    expected = torch.ops.nemo_automodel.float32_rms_norm(reference, norm.weight.detach(), 1e-5)
+    expected.square().sum().backward()
+    assert torch.equal(out.detach(), expected.detach()) and torch.equal(x.grad, reference.grad)
+    assert norm.weight.grad is not None and torch.isfinite(norm.weight.grad).all()

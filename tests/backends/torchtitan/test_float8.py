@@ -134,21 +134,23 @@ def test_llama4_on_the_transformers_backend_is_admitted_in_float8_where_llama3_i
 
 @pytest.mark.e2e
 def test_a_tiny_float8_run_follows_the_fp32_run(run_primus, workspace):
-    """40 steps on the same data and seed: float8 (rowwise, torch's CPU float8 GEMMs) against fp32."""
+    """20 steps on the same data and seed: float8 (rowwise, torch's CPU float8 GEMMs) against fp32."""
     from tests.helpers import losses, run_dir_of
 
-    small = ("training.local_batch_size=2", "training.seq_len=64")  # float8 on CPU casts every GEMM: keep it short
+    # torch 2.13's CPU _scaled_mm is fast with row-wise scales but ~300x slower with the scalar scales some of
+    # torchao's backward GEMMs pass (~1 s a step at 32 tokens, 4 s at 128): a short run of small batches
+    small = ("training.steps=20", "training.local_batch_size=1", "training.seq_len=32")
     runs = {}
     for name, converters in (("fp32", "model.converters=null"),
                              ("float8", "model.converters.float8.recipe_name=rowwise")):
-        result = run_primus("train", EXAMPLE, f"exp_name={name}", converters, *small, timeout=1500)
+        result = run_primus("train", EXAMPLE, f"exp_name={name}", converters, *small, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         runs[name] = losses(run_dir_of(workspace, name))
     info = (run_dir_of(workspace, "float8") / "logs" / "pre_trainer" / "rank-0" / "info.log").read_text()
     assert "derived model.converters.float8=rowwise, 11 Linear layers" in info
     debug = (run_dir_of(workspace, "float8") / "logs" / "pre_trainer" / "rank-0" / "debug.log").read_text()
     assert "torchtitan patch applied: float8_on_cpu: " in debug
-    assert len(runs["fp32"]) == len(runs["float8"]) == 40
-    assert runs["float8"][-1] < 0.5 * runs["float8"][0]  # it learns
+    assert len(runs["fp32"]) == len(runs["float8"]) == 20
+    assert runs["float8"][-1] < 0.6 * runs["float8"][0], runs  # it learns (6.97 -> 3.50 measured)
     assert runs["float8"][-1] == pytest.approx(runs["fp32"][-1], rel=0.05), (runs["fp32"][-1], runs["float8"][-1])
     assert runs["float8"] != runs["fp32"]  # float8 GEMMs ran: not the fp32 numbers
