@@ -137,8 +137,9 @@ def test_a_tiny_float8_run_follows_the_fp32_run(run_primus, workspace):
     """20 steps on the same data and seed: float8 (rowwise, torch's CPU float8 GEMMs) against fp32."""
     from tests.helpers import losses, run_dir_of
 
-    # torch 2.13's CPU _scaled_mm is fast with row-wise scales but ~300x slower with the scalar scales some of
-    # torchao's backward GEMMs pass (~1 s a step at 32 tokens, 4 s at 128): a short run of small batches
+    # torchao runs a row-wise GEMM without fast accumulation (the backward's) as torch's tensor-wise kernel with
+    # unit scales, then scales the output (a CUDA choice); on CPU, torch 2.13's tensor-wise float8 _scaled_mm
+    # is ~300x slower than its row-wise one (~1 s a step at 32 tokens, 4 s at 128): a short run of small batches
     small = ("training.steps=20", "training.local_batch_size=1", "training.seq_len=32")
     runs = {}
     for name, converters in (("fp32", "model.converters=null"),
