@@ -112,6 +112,11 @@ ITERATED_PREFIXES = {"tqdm.utils": "TQDM_", "fsspec.config": "FSSPEC_", "network
                      "diffusers.utils.import_utils": "COLAB_"}
 
 
+# Read at import for their presence only (mlflow's telemetry asks "under pytest?"); pytest rewrites this one's
+# value for every phase of every test: compared whole, it made every run after a server's first test cold.
+PRESENCE_ONLY = frozenset({"PYTEST_CURRENT_TEST"})
+
+
 def differences(recorded: dict, start_env: dict[str, str], env: dict[str, str], cwd: str) -> list[str]:
     """Why a child for ``env`` in ``cwd`` would not be the process a fresh interpreter would be (empty: it
     would): the server's modules computed their state from ``start_env`` and its working directory."""
@@ -120,6 +125,8 @@ def differences(recorded: dict, start_env: dict[str, str], env: dict[str, str], 
     set_by_import = recorded["reads"]  # what the imports read, as they left it (a default they set)
 
     def same(key: str) -> bool:  # a value the imports read, or the one they set for themselves when unset
+        if key in PRESENCE_ONLY:
+            return (key in env) == (key in start_env)
         return env.get(key) == start_env.get(key) or (key in set_by_import and env.get(key) == set_by_import[key])
 
     prefixes = tuple(recorded["prefixes"])  # read by iterating the environment at import
