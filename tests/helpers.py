@@ -224,7 +224,7 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
     server = None if fresh else _warm_server(args, env, Path(cwd))
     if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, for whoever tunes this
         with open(os.environ["PRIMUS_TEST_WARM_LOG"], "a") as log:
-            log.write(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]}\n")
+            log.write(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]} :: {_why_cold(args, env, Path(cwd), fresh, server)}\n")
     if server is not None:
         return server.run(args, env, Path(cwd), timeout)
     process = subprocess.Popen([*CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -236,6 +236,23 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
         process.communicate()
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _why_cold(args: list[str], env: dict[str, str], cwd: Path, fresh: bool, server: "WarmServer | None") -> str:
+    """For the warm-start log: why a run starts a new interpreter ("" where it was forked)."""
+    from tests.warm_start import differences
+
+    if server is not None:
+        return ""
+    if fresh or not _warm_wanted(args, env):
+        return "asked fresh"
+    engine = _engine_of(args, cwd)
+    if engine is None:
+        return "no one engine named"
+    candidate = _servers.get(engine)
+    if candidate is None or not candidate.usable:
+        return "server unusable"
+    return "differs: " + ",".join(f"{key}={env.get(key)!r}/{candidate.env.get(key)!r}/{candidate.recorded['reads'].get(key)!r}" for key in differences(candidate.recorded, candidate.env, env, str(cwd)))
 
 
 _FRAMEWORK = re.compile(r"\bframework\s*[:=]\s*[\"']?(torchtitan|megatron|nemo_automodel)\b")
@@ -262,9 +279,11 @@ def _warm_server(args: list[str], env: dict[str, str], cwd: Path) -> "WarmServer
     engine = _engine_of(args, cwd)
     if engine is None:
         return None
-    if engine not in _servers:
-        _servers[engine] = WarmServer(engine)
-    server = _servers[engine]
+    server = _servers.get(engine)
+    if server is None or server.outdated_for(env, cwd, dict(os.environ)):
+        if server is not None:
+            server.close()
+        server = _servers[engine] = WarmServer(engine)
     return server if server.same_process_for(env, cwd) else None
 
 
@@ -286,6 +305,11 @@ def with_warm_ranks(engine: str | None, env: dict[str, str], cwd: Path) -> dict[
         return env
     rank_env = {"OMP_NUM_THREADS": "1", **env}
     server = next((s for s in _rank_servers if s.engine == engine and s.same_process_for(rank_env, cwd)), None)
+    outdated = next((s for s in _rank_servers if s.engine == engine
+                     and s.outdated_for(rank_env, cwd, {"OMP_NUM_THREADS": "1", **os.environ})), None)
+    if server is None and outdated is not None:
+        outdated.close()
+        _rank_servers.remove(outdated)
     if server is None and sum(s.engine == engine for s in _rank_servers) < _RANK_SERVERS_PER_ENGINE:
         server = WarmServer(engine, env=rank_env, cwd=cwd)
         _rank_servers.append(server)
@@ -346,6 +370,17 @@ class WarmServer:
         from tests.warm_start import differences
 
         return self.usable and not differences(self.recorded, self.env, env, str(cwd))
+
+    def outdated_for(self, env: dict[str, str], cwd: Path, current: dict[str, str]) -> bool:
+        """Would a child for ``env`` differ only because this pytest process's environment (``current``) moved
+        since the server started (an in-process engine run set TORCHINDUCTOR_CACHE_DIR)? Then a server started
+        now would match it, and the runs after it: replace this one rather than run cold from here on."""
+        from tests.warm_start import differences
+
+        if not self.usable or str(Path(cwd).resolve()) != self.recorded["cwd"]:
+            return False
+        keys = differences(self.recorded, self.env, env, str(cwd))
+        return bool(keys) and all(env.get(key) == current.get(key) for key in keys)
 
     def run(self, args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         import selectors

@@ -88,6 +88,8 @@ class LauncherConfig(BaseModel):
     max_restarts: int = Field(0, ge=0)
     rdzv_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$")
     rdzv_timeout: int = Field(300, ge=1, description="seconds for every node to join the rendezvous")
+    rdzv_last_call: int = Field(30, ge=1, description="elastic: seconds a rendezvous waits for more nodes once the "
+                                                      "minimum has joined (torchrun's last_call_timeout)")
     local_addr: str | None = None  # this node's address for worker traffic (default: its hostname)
     shared_fs: bool = True  # every node sees node 0's run dir; false: each node writes its own copy
     run_dir_timeout: int = Field(300, ge=1, description="seconds a node > 0 waits for node 0's run dir")

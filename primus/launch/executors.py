@@ -49,7 +49,8 @@ class NodeRequest:
 CLI_KEYS = {  # argparse dest -> launcher key
     "executor": "executor", "nnodes": "nnodes", "node_rank": "node_rank", "nproc_per_node": "nproc_per_node",
     "master_addr": "master_addr", "master_port": "master_port", "max_restarts": "max_restarts",
-    "rdzv_id": "rdzv_id", "rdzv_timeout": "rdzv_timeout", "local_addr": "local_addr", "shared_fs": "shared_fs",
+    "rdzv_id": "rdzv_id", "rdzv_timeout": "rdzv_timeout", "rdzv_last_call": "rdzv_last_call",
+    "local_addr": "local_addr", "shared_fs": "shared_fs",
     "run_dir_timeout": "run_dir_timeout", "partition": "slurm.partition", "time": "slurm.time",
     "account": "slurm.account", "gpus_per_node": "slurm.gpus_per_node", "container": "container.image",
     "container_engine": "container.engine", "container_env_secrets": "container.env_secrets",
@@ -94,6 +95,8 @@ def node_command(request: NodeRequest, config: LauncherConfig, executor: str, *,
     if nproc:
         argv += ["--nproc-per-node", str(nproc)]
     argv += ["--rdzv-timeout", str(config.rdzv_timeout)]
+    if config.min_nodes is not None:
+        argv += ["--rdzv-last-call", str(config.rdzv_last_call)]
     if request.command == "train":
         argv += ["--max-restarts", str(config.max_restarts), "--run-dir-timeout", str(config.run_dir_timeout)]
         if not config.shared_fs:

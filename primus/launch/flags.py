@@ -41,6 +41,9 @@ def add_launcher_flags(parser: argparse.ArgumentParser, *, train: bool) -> None:
     group.add_argument("--master-port", type=count_flag(1, 65535), help="rendezvous port (env MASTER_PORT)")
     group.add_argument("--rdzv-id", help="rendezvous / attempt id shared by all nodes (env PRIMUS_JOB_ID)")
     group.add_argument("--rdzv-timeout", type=count_flag(1), help="seconds for every node to join (default 300)")
+    group.add_argument("--rdzv-last-call", type=count_flag(1),
+                       help="elastic (-N MIN:MAX): seconds a restart waits for more nodes once MIN have joined "
+                            "(default 30)")
     group.add_argument("--local-addr", help="this node's address for worker traffic (default: its hostname)")
     group.add_argument("--partition", help="Slurm partition")
     group.add_argument("--time", help="Slurm time limit")

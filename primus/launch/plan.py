@@ -37,6 +37,7 @@ class LaunchPlan:
     # multi-node (nnodes > 1): c10d rendezvous on master_addr:master_port, hosted by node 0
     rdzv_id: str = "primus"
     rdzv_timeout: int = 300
+    rdzv_last_call: int = 30  # elastic: how long a rendezvous waits for more than the minimum of nodes
     local_addr: str | None = None
     shared_fs: bool = True
     run_dir_timeout: int = 300
@@ -77,6 +78,8 @@ class LaunchPlan:
         so two "nodes" on one address cannot both try to host the store."""
         conf = (f"join_timeout={self.rdzv_timeout},read_timeout={self.rdzv_timeout},"
                 f"is_host={'true' if self.node_rank == 0 else 'false'}")
+        if self.elastic:
+            conf += f",last_call_timeout={self.rdzv_last_call}"
         args = ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.master_addr}:{self.master_port}",
                 f"--rdzv-id={self.rdzv_id}", f"--rdzv-conf={conf}"]
         if self.local_addr:
@@ -114,6 +117,7 @@ def plan_from_config(config: LauncherConfig) -> LaunchPlan:
                       nnodes=config.nnodes or 1, node_rank=config.node_rank or 0,
                       master_addr=config.master_addr or "127.0.0.1", master_port=config.master_port,
                       max_restarts=config.max_restarts, rdzv_timeout=config.rdzv_timeout,
+                      rdzv_last_call=config.rdzv_last_call,
                       local_addr=config.local_addr, shared_fs=config.shared_fs,
                       run_dir_timeout=config.run_dir_timeout)
     if config.rdzv_id:

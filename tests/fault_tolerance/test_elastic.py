@@ -45,7 +45,7 @@ def test_a_lost_node_is_left_behind_and_the_run_continues_on_the_survivor(run_pr
         log = open(tmp_path / f"node{rank}.log", "w")
         argv = [*PRIMUS, "train", str(EXAMPLE), "exp_name=elastic", *OVERRIDES, "-N", "1:2", "--node-rank", str(rank),
                 "--master-addr", "127.0.0.1", "--master-port", str(port), "--rdzv-id", "elastic",
-                "--max-restarts", "2", "--rdzv-timeout", "120"]
+                "--max-restarts", "2", "--rdzv-timeout", "120", "--rdzv-last-call", "2"]
         nodes.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True))
     run_dir = workspace / "amd" / "root" / "elastic"

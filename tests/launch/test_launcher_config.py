@@ -91,9 +91,26 @@ def test_elastic_nodes_min_max_reach_torchrun_and_need_restarts(tmp_path):
     cli = {"nnodes": 2, "min_nodes": 1, "master_addr": "10.0.0.1", "max_restarts": 2}
     plan = plan_from_config(_load(tmp_path, cli=cli)[0])
     assert plan.elastic and plan.torchrun_args("t", tmp_path / "p.json")[0] == "--nnodes=1:2"
+    # how long a restart waits for nodes beyond the minimum: torchrun's default 30 s, or --rdzv-last-call
+    assert plan.rendezvous_args()[-1].endswith(",last_call_timeout=30")
+    quick = plan_from_config(_load(tmp_path, cli={**cli, "rdzv_last_call": 2})[0])
+    assert quick.rendezvous_args()[-1] == \
+        "--rdzv-conf=join_timeout=300,read_timeout=300,is_host=true,last_call_timeout=2"
     with pytest.raises(ConfigError, match=r"-N 1:2 continues on fewer nodes through a restart: give --max-restarts"):
         plan_from_config(_load(tmp_path, cli={**cli, "max_restarts": 0})[0])
     with pytest.raises(ConfigError, match=r"-N 3:2: the minimum is above the number of nodes"):
         plan_from_config(_load(tmp_path, cli={**cli, "min_nodes": 3})[0])
     rigid = plan_from_config(_load(tmp_path, cli={**cli, "min_nodes": 2})[0])  # MIN == MAX: not elastic
     assert not rigid.elastic and rigid.torchrun_args("t", tmp_path / "p.json")[0] == "--nnodes=2"
+
+
+def test_each_node_of_an_elastic_job_gets_the_last_call_wait(tmp_path):
+    from primus.launch.executors import NodeRequest, node_command
+
+    config, _ = _load(tmp_path, cli={"nnodes": 2, "min_nodes": 1, "master_addr": "n1", "max_restarts": 1,
+                                     "rdzv_last_call": 5})
+    argv = node_command(NodeRequest("train", ["/e.yaml"], []), config, "multi-node", with_node_identity=True)
+    assert argv[argv.index("--rdzv-last-call") + 1] == "5" and argv[argv.index("--nnodes") + 1] == "1:2"
+    rigid, _ = _load(tmp_path, cli={"nnodes": 2, "master_addr": "n1"})
+    assert "--rdzv-last-call" not in node_command(NodeRequest("train", ["/e.yaml"], []), rigid, "multi-node",
+                                                  with_node_identity=True)

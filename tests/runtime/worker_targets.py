@@ -15,6 +15,7 @@ def unwaited_collectives(payload: dict) -> int:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
+    dist.barrier()  # both ranks connected: otherwise one that returns at once can leave its peer's connect half done
     for _ in range(50):
         out = [torch.empty(1) for _ in range(dist.get_world_size())]
         dist.group.WORLD.allgather(out, torch.tensor([float(dist.get_rank())]))
