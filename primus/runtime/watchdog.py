@@ -75,8 +75,10 @@ def process_groups() -> dict[str, list[int]]:
 
 class Watchdog:
     def __init__(self, clock: PhaseClock, *, rank: int, dump_dir: Path, verdict_dir: Path, deadline: Deadline,
-                 action: str = "exit", in_process: bool = False, poll_s: float = 1.0):
+                 action: str = "exit", in_process: bool = False, poll_s: float = 1.0,
+                 verdict_wait_s: float = VERDICT_WAIT_S):
         self.clock, self.rank, self.dump_dir, self.verdict_dir = clock, rank, dump_dir, verdict_dir
+        self.verdict_wait_s = verdict_wait_s
         self.deadline, self.action, self.in_process = deadline, action, in_process
         self.poll_s = min(poll_s, (deadline.fixed_s or deadline.floor_s) / 10)
         self.step_times: deque[float] = deque(maxlen=50)
@@ -136,7 +138,7 @@ class Watchdog:
 
     def _await_verdict(self, since: float) -> None:
         verdict = self.verdict_dir / VERDICT
-        end = time.monotonic() + VERDICT_WAIT_S
+        end = time.monotonic() + self.verdict_wait_s
         while time.monotonic() < end:
             try:
                 if verdict.stat().st_mtime >= since - 1:
@@ -152,7 +154,7 @@ class Watchdog:
         error = HangDetected(f"rank {self.rank}: {why}")
         if self.in_process:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.main_thread), ctypes.py_object(HangDetected))
-            if self._stop.wait(VERDICT_WAIT_S):
+            if self._stop.wait(self.verdict_wait_s):
                 return
         else:
             from torch.distributed.elastic.multiprocessing.errors import ErrorHandler

@@ -109,7 +109,7 @@ from pathlib import Path
 from primus.runtime.phases import PhaseClock
 from primus.runtime.watchdog import Deadline, HangDetected, Watchdog
 watchdog = Watchdog(PhaseClock(), rank=0, dump_dir=Path({str(tmp_path)!r}), verdict_dir=Path({str(tmp_path)!r}),
-                    deadline=Deadline(fixed_s=0.5), in_process=True).start()
+                    deadline=Deadline(fixed_s=0.5), in_process=True, verdict_wait_s=3).start()
 watchdog.beat(0.1)
 try:
     while True:
