@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.conftest import PRIMUS, ROOT, TINY_EXAMPLE
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 pytest.importorskip("torchtitan")
@@ -87,9 +87,12 @@ def test_cutting_a_link_names_the_lost_peer_and_nothing_hangs(two_hosts, tmp_pat
 
 
 def _alone(tmp_path, tiny_cache, exp, *args):
-    return subprocess.run(["timeout", "-k", "10", "120", *PRIMUS, "train", str(TINY_EXAMPLE), f"exp_name={exp}",
-                           "--nnodes", "2", "--rdzv-timeout", "5", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=_env(tmp_path / "ws", tiny_cache), timeout=150)
+    """One node of a 2-node job on this host, the other never there: it starts no worker (no network
+    namespace, no GLOO_SOCKET_IFNAME), so it can be forked from a warm server."""
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_CACHE": str(tiny_cache),
+           "PYTHONUNBUFFERED": "1", "PRIMUS_USER_CONFIG": "/nonexistent"}
+    return run_cli(["train", str(TINY_EXAMPLE), f"exp_name={exp}", "--nnodes", "2", "--rdzv-timeout", "5", *args],
+                   env=env, cwd=ROOT, timeout=150)
 
 
 def _free_port():
