@@ -224,7 +224,8 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
     server = None if fresh else _warm_server(args, env, Path(cwd))
     if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, for whoever tunes this
         with open(os.environ["PRIMUS_TEST_WARM_LOG"], "a") as log:
-            log.write(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]} :: {_why_cold(args, env, Path(cwd), fresh, server)}\n")
+            why = _why_cold(args, env, Path(cwd), fresh, server)
+            log.write(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]} :: {why}\n")
     if server is not None:
         return server.run(args, env, Path(cwd), timeout)
     process = subprocess.Popen([*CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -252,7 +253,7 @@ def _why_cold(args: list[str], env: dict[str, str], cwd: Path, fresh: bool, serv
     candidate = _servers.get(engine)
     if candidate is None or not candidate.usable:
         return "server unusable"
-    return "differs: " + ",".join(f"{key}={env.get(key)!r}/{candidate.env.get(key)!r}/{candidate.recorded['reads'].get(key)!r}" for key in differences(candidate.recorded, candidate.env, env, str(cwd)))
+    return "differs in " + ",".join(differences(candidate.recorded, candidate.env, env, str(cwd)))  # names only
 
 
 _FRAMEWORK = re.compile(r"\bframework\s*[:=]\s*[\"']?(torchtitan|megatron|nemo_automodel)\b")

@@ -54,7 +54,8 @@ def test_podman_runs_it_with_the_images_own_python(podman_env, tmp_path, tiny_ca
     import sys
 
     image_python = tmp_path / "imagepy"
-    subprocess.run([sys._base_executable, "-m", "venv", str(image_python)], check=True, timeout=120)
+    # no pip of its own (ensurepip costs seconds): the image's stack below brings one, as an image's would
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(image_python)], check=True, timeout=120)
     site = next((image_python / "lib").glob("python3*/site-packages"))
     host_site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
     (site / "image_stack.pth").write_text(host_site + "\n")  # torch & co, not the host's Primus install
