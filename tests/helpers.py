@@ -319,6 +319,18 @@ def with_warm_ranks(engine: str | None, env: dict[str, str], cwd: Path) -> dict[
     return {**env, "PYTHON_EXEC": server.client, "PRIMUS_TEST_WARM_SOCKET": str(server.folder / "socket")}
 
 
+def torchrun_module(engine: str, nproc: int, module: str, *args: object,
+                    timeout: int = 300) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node NPROC -m MODULE ARGS`` from the repo root, one OpenMP thread per
+    rank, ``timeout`` seconds as a hang guard: for a test's own worker script (a module under tests/). Its ranks
+    are forked from a warm server of ``engine`` where that is the same process (``with_warm_ranks``)."""
+    env = with_warm_ranks(engine, {**os.environ, "OMP_NUM_THREADS": "1"}, ROOT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", module, *map(str, args)]
+    return subprocess.run(["timeout", "-k", "10", str(timeout), *command], capture_output=True, text=True, env=env,
+                          cwd=ROOT)
+
+
 def _ranks_of(args: list[str]) -> int:
     """The ranks per node a ``primus train`` command line asks for (1 where it names none)."""
     for position, arg in enumerate(args):

@@ -2,24 +2,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import torchrun_module
+
 pytestmark = [pytest.mark.e2e]
-WORKER = Path(__file__).with_name("megatron_logits_worker.py")
-REPO = Path(__file__).resolve().parents[2]
+WORKER = "tests.hf.megatron_logits_worker"
 
 
 def _torchrun(nproc: int, *args, timeout: int = 300) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(WORKER), *map(str, args)]
-    result = subprocess.run(["timeout", "-k", "10", str(timeout), *command], capture_output=True, text=True, env=env)
+    result = torchrun_module("megatron", nproc, WORKER, *args, timeout=timeout)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
 
 

@@ -6,20 +6,17 @@ The runs go through the real worker under torchrun (``tests.helpers``); nothing 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, cli_in_process, read_metrics, train_with_torchrun
+from tests.helpers import cli_in_process, read_metrics, torchrun_module, train_with_torchrun
 
 RANK, ALPHA = 8, 16
 TARGETS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 LORA = {"enabled": True, "dim": RANK, "alpha": ALPHA, "dropout": 0.0, "dropout_position": "pre",
         "lora_A_init_method": "xavier", "lora_B_init_method": "zero", "target_modules": TARGETS}
-WORKER = Path(__file__).with_name("lora_logits_worker.py")
+WORKER = "tests.backends.megatron.lora_logits_worker"
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +128,7 @@ def test_export_merges_the_adapters_into_a_model_transformers_loads(lora_run, hf
     lora_json, result_json = tmp_path / "lora.json", tmp_path / "logits.json"
     lora_json.write_text(json.dumps(LORA))
     iter_dir = sorted((run_dir / "checkpoints").glob("iter_*"))[-1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    worker = subprocess.run(["timeout", "-k", "10", "300", sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node=1", str(WORKER), hf_llama, iter_dir, out, lora_json, result_json, "1"],
-                            capture_output=True, text=True, env=env)
+    worker = torchrun_module("megatron", 1, WORKER, hf_llama, iter_dir, out, lora_json, result_json, "1")
     assert worker.returncode == 0, (worker.stdout + worker.stderr)[-4000:]
     logits = json.loads(result_json.read_text())
     assert logits["adapter_effect"] > 1e-2, logits  # the adapters change the model

@@ -3,20 +3,17 @@ ranks, compared with a one-rank initialisation of the same model, weight by weig
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.backends.megatron.conftest import REPO
+from tests.helpers import torchrun_module
 
 pytest.importorskip("megatron.core")
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 
-DUMP = Path(__file__).with_name("init_dump.py")
+DUMP = "tests.backends.megatron.init_dump"
 MODEL = {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512, "max_seq_len": 64,
          "n_experts": 4, "top_k": 2, "moe_ffn_hidden_size": 128, "moe_layer_freq": [0, 1]}  # a dense and a MoE layer
 BASE = {"model": MODEL, "seq_length": 64, "train_iters": 1, "lr": 1e-3, "mock_data": True, "micro_batch_size": 1}
@@ -26,11 +23,7 @@ def initial_weights(tmp_path: Path, nproc: int, without: str | None = None, **ov
     name = f"n{nproc}-" + "-".join(f"{k}{v}" for k, v in overrides.items()) + (f"-without-{without}" if without else "")
     params = tmp_path / f"{name}.json"
     params.write_text(json.dumps({**BASE, **overrides}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(DUMP),
-               str(tmp_path / name), str(params)] + (["--without", without] if without else [])
-    result = subprocess.run(["timeout", "-k", "10", "300", *command], capture_output=True, text=True, env=env)
+    result = torchrun_module("megatron", nproc, DUMP, tmp_path / name, params, *(["--without", without] if without else []))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return [(torch.load(tmp_path / f"{name}.rank{r}.pt"), json.loads((tmp_path / f"{name}.rank{r}.json").read_text()))
             for r in range(nproc)]

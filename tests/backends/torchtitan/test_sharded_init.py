@@ -5,9 +5,6 @@ Without the patch each rank initialises its own shard with the same seed, so the
 every randomly initialised sharded parameter are copies of each other.
 """
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +13,8 @@ pytestmark = [pytest.mark.e2e]
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
-from tests.conftest import ROOT, TINY_EXAMPLE  # noqa: E402
-from tests.helpers import read_metrics, with_warm_ranks
+from tests.conftest import TINY_EXAMPLE  # noqa: E402
+from tests.helpers import read_metrics, torchrun_module
 
 PROBE = "tests.backends.torchtitan.init_probe"
 LLAMA = {"n_layers": 2, "dim": 128, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32, "vocab_size": 512,
@@ -43,12 +40,7 @@ def initial_weights(tmp_path: Path, assets: Path, layout: str, nproc: int, witho
     params_file = tmp_path / f"{name}.json"
     params_file.write_text(json.dumps(_params(layout, assets, nproc)))
     out = tmp_path / f"{name}.pt"
-    command = ["timeout", "-k", "5", "300", sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "-m", PROBE, str(params_file), str(out)]
-    # the ranks forked from a warm TorchTitan server where that is the same process (tests.helpers.with_warm_ranks)
-    env = with_warm_ranks("torchtitan", dict(os.environ), ROOT)
-    result = subprocess.run(command + (["--without", without] if without else []), capture_output=True, text=True,
-                            env=env, cwd=ROOT)
+    result = torchrun_module("torchtitan", nproc, PROBE, params_file, out, *(["--without", without] if without else []))
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(out)
 
