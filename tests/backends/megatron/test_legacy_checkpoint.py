@@ -10,15 +10,12 @@ from __future__ import annotations
 import argparse
 import decimal
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from primus.config.errors import ConfigError
-from tests.backends.megatron.conftest import REPO, losses, run_megatron
-from tests.helpers import ROOT
+from tests.backends.megatron.conftest import losses, run_megatron
+from tests.helpers import torchrun_module
 
 pytest.importorskip("megatron.core")
 torch = pytest.importorskip("torch")
@@ -59,12 +56,8 @@ def test_a_checkpoint_in_megatron_lm_own_layout_loads_and_gives_the_same_loss(ru
     params = tmp_path / "params.json"
     params.write_text(json.dumps({**base, **LAYOUT}))
     written = tmp_path / "megatron_lm"
-    writer = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-         str(REPO / "tests/backends/megatron/megatron_lm_legacy_writer.py"),
-         str(runs.root / "legacy" / "checkpoints" / "iter_0000002"), str(written), str(params)],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"})
+    writer = torchrun_module("megatron", 4, "tests.backends.megatron.megatron_lm_legacy_writer",
+                             runs.root / "legacy" / "checkpoints" / "iter_0000002", written, params)
     assert writer.returncode == 0, writer.stderr[-3000:]
     model = torch.load(written / "iter_0000002" / "mp_rank_00_000" / "model_optim_rng.pt", weights_only=False)["model"]
     assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in model  # Megatron-LM's GPU names
