@@ -277,8 +277,7 @@ def test_a_killed_export_leaves_no_model_and_the_rerun_succeeds(titan_run, tmp_p
     export.send_signal(signal.SIGKILL)
     export.wait(timeout=60)
     assert not out.exists() or not _loads_as_model(out)
-    again = subprocess.run([*PRIMUS, "export", str(titan_run), "--to", "hf", str(out)], capture_output=True, text=True,
-                           timeout=600)
+    again = _export(titan_run, "--to", "hf", out)  # in this process: nothing to stall or kill
     assert again.returncode == 0, again.stderr[-2000:]
     assert _loads_as_model(out)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []  # no leftovers, no lock
@@ -290,9 +289,7 @@ def test_two_exports_into_one_folder_one_is_refused(titan_run, tmp_path):
     stalled = tmp_path / "writing"
     first = _export_process(titan_run, out, tmp_path, "--step", "1", stall=stalled)
     _wait_for(stalled, first)  # holds OUT_DIR's lock, mid-write
-    second = _export_process(titan_run, out, tmp_path, "--step", "2")
-    _, err = second.communicate(timeout=600)
-    line = _one_line(subprocess.CompletedProcess([], second.returncode, "", err))
+    line = _one_line(_export(titan_run, "--step", "2", "--to", "hf", out))  # this process: another pid
     assert f"OUT_DIR {out}: pid {first.pid} is writing it right now" in line
     (tmp_path / "release").touch()
     stdout, stderr = first.communicate(timeout=600)
