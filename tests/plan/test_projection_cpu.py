@@ -32,19 +32,25 @@ def test_projected_order_is_the_measured_order(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PRIMUS_PROFILE_CACHE", str(tmp_path / "profiles"))
     write_local_profile(measure_local_profile("cpu", "cpu"))
-    projected, measured = [], []
-    for name, exp, overrides in LAYOUTS:
-        steps = "training.steps=6" if exp == TT else "train_iters=6"
-        run = run_cli(["train", exp, f"workspace={tmp_path}", f"exp_name={name.replace(' ', '_')}", steps,
-                       "primus.save_last_checkpoint=false", *overrides], cwd=ROOT,
-                      env={**os.environ, "PRIMUS_PROFILE_CACHE": str(tmp_path / "profiles")}, timeout=1200)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        # the run's own summary line, naming when and under what load the profile was measured
-        assert "projected vs measured (local profile; primus preflight on this host, 20" in run.stdout + run.stderr
-        metrics = read_metrics(next(tmp_path.glob(f"*/*/{name.replace(' ', '_')}/metrics.jsonl")).parent)
-        # the fastest step: load from the other tests only ever slows a step (as preflight's best-of GEMM probe)
-        measured.append(min(row["step_time"] for row in metrics[2:]))
-        projected.append(project_layout(exp, 1, overrides)["step_time"])
+    projected = [project_layout(exp, 1, overrides)["step_time"] for _, exp, overrides in LAYOUTS]
+    measured = [float("inf")] * len(LAYOUTS)
+    # best of up to two rounds, as a timing harness repeats: the other pytest worker can keep both cores busy
+    # through all of one run's steps (a 2x slower "fastest step" was seen once in a full run)
+    for round_ in range(2):
+        for index, (name, exp, overrides) in enumerate(LAYOUTS):
+            steps = "training.steps=6" if exp == TT else "train_iters=6"
+            exp_name = f"{name.replace(' ', '_')}_{round_}"
+            run = run_cli(["train", exp, f"workspace={tmp_path}", f"exp_name={exp_name}", steps,
+                           "primus.save_last_checkpoint=false", *overrides], cwd=ROOT,
+                          env={**os.environ, "PRIMUS_PROFILE_CACHE": str(tmp_path / "profiles")}, timeout=1200)
+            assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+            # the run's own summary line, naming when and under what load the profile was measured
+            assert "projected vs measured (local profile; primus preflight on this host, 20" in run.stdout + run.stderr
+            metrics = read_metrics(next(tmp_path.glob(f"*/*/{exp_name}/metrics.jsonl")).parent)
+            # the fastest step: load from the other tests only ever slows a step (as preflight's best-of GEMM probe)
+            measured[index] = min(measured[index], min(row["step_time"] for row in metrics[2:]))
+        if kendall_tau(projected, measured) == 1.0:
+            break
     assert kendall_tau(projected, measured) == 1.0, (projected, measured)
 
 
