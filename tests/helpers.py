@@ -221,10 +221,9 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
     args = [str(a) for a in args]
     if not fresh and _ranks_of(args) > 1 and "--verbose" not in args:
         env = with_warm_ranks(_engine_of(args, Path(cwd)), env, Path(cwd))
-    server = None if fresh else _warm_server(args, env, Path(cwd))
-    if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, for whoever tunes this
+    server, why = (None, "asked fresh") if fresh else _warm_server(args, env, Path(cwd))
+    if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, and why not, for whoever tunes this
         with open(os.environ["PRIMUS_TEST_WARM_LOG"], "a") as log:
-            why = _why_cold(args, env, Path(cwd), fresh, server)
             log.write(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]} :: {why}\n")
     if server is not None:
         return server.run(args, env, Path(cwd), timeout)
@@ -237,23 +236,6 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
         process.communicate()
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-
-
-def _why_cold(args: list[str], env: dict[str, str], cwd: Path, fresh: bool, server: "WarmServer | None") -> str:
-    """For the warm-start log: why a run starts a new interpreter ("" where it was forked)."""
-    from tests.warm_start import differences
-
-    if server is not None:
-        return ""
-    if fresh or not _warm_wanted(args, env):
-        return "asked fresh"
-    engine = _engine_of(args, cwd)
-    if engine is None:
-        return "no one engine named"
-    candidate = _servers.get(engine)
-    if candidate is None or not candidate.usable:
-        return "server unusable"
-    return "differs in " + ",".join(differences(candidate.recorded, candidate.env, env, str(cwd)))  # names only
 
 
 _FRAMEWORK = re.compile(r"\bframework\s*[:=]\s*[\"']?(torchtitan|megatron|nemo_automodel)\b")
@@ -273,19 +255,24 @@ def _engine_of(args: list[str], cwd: Path) -> str | None:
     return engines.pop() if len(engines) == 1 else None
 
 
-def _warm_server(args: list[str], env: dict[str, str], cwd: Path) -> "WarmServer | None":
-    """The warm server that can run ``args`` as a fresh process would, or None."""
+def _warm_server(args: list[str], env: dict[str, str], cwd: Path) -> tuple["WarmServer | None", str]:
+    """The warm server that can run ``args`` as a fresh process would, or None and why not (names only)."""
+    from tests.warm_start import differences
+
     if not _warm_wanted(args, env):
-        return None
+        return None, "asked fresh"
     engine = _engine_of(args, cwd)
     if engine is None:
-        return None
+        return None, "no one engine named"
     server = _servers.get(engine)
     if server is None or server.outdated_for(env, cwd, dict(os.environ)):
         if server is not None:
             server.close()
         server = _servers[engine] = WarmServer(engine)
-    return server if server.same_process_for(env, cwd) else None
+    if not server.usable:
+        return None, "server unusable"
+    why = differences(server.recorded, server.env, env, str(cwd))
+    return (None, "differs in " + ",".join(why)) if why else (server, "")
 
 
 def _warm_wanted(args: list[str], env: dict[str, str]) -> bool:
@@ -306,11 +293,13 @@ def with_warm_ranks(engine: str | None, env: dict[str, str], cwd: Path) -> dict[
         return env
     rank_env = {"OMP_NUM_THREADS": "1", **env}
     server = next((s for s in _rank_servers if s.engine == engine and s.same_process_for(rank_env, cwd)), None)
-    outdated = next((s for s in _rank_servers if s.engine == engine
-                     and s.outdated_for(rank_env, cwd, {"OMP_NUM_THREADS": "1", **os.environ})), None)
-    if server is None and outdated is not None:
-        outdated.close()
-        _rank_servers.remove(outdated)
+    if server is None:  # one whose pytest process's environment moved since it started makes room for a new one
+        current = {"OMP_NUM_THREADS": "1", **os.environ}
+        outdated = next((s for s in _rank_servers if s.engine == engine and s.outdated_for(rank_env, cwd, current)),
+                        None)
+        if outdated is not None:
+            outdated.close()
+            _rank_servers.remove(outdated)
     if server is None and sum(s.engine == engine for s in _rank_servers) < _RANK_SERVERS_PER_ENGINE:
         server = WarmServer(engine, env=rank_env, cwd=cwd)
         _rank_servers.append(server)
