@@ -79,8 +79,10 @@ DEFERRED = AUTOMODEL_DEFERRED | TITAN_DEFERRED
 # Packages without lazy attribute modules: a function that appears on one of their modules was put there.
 STRICT = ("torch", "torchtitan", "megatron", "nemo_automodel")
 
+snapshotted = {key[0] for key in before}
+
 def patched():
-    after = attributes({name: m for name, m in engine_modules().items() if any(k[0] == name for k in before)})
+    after = attributes({name: m for name, m in engine_modules().items() if name in snapshotted})
     found = []
     for key, value in before.items():
         if key not in after or after[key] is value or " ".join(map(str, key)) in CONSOLE:
