@@ -97,8 +97,10 @@ def main(argv: list[str]) -> int:
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if not any(arg == "-n" or arg.startswith(("-n", "--numprocesses")) for arg in rest) and (os.cpu_count() or 1) > 1:
         # two pytest workers, one test file each at a time (a file's fixtures stay in one process):
-        # most tests wait on engine subprocesses, so two cores serve two files (31 -> 19 min on 2 cores)
-        rest = ["-n", "2", "--dist", "loadfile", *rest]
+        # most tests wait on engine subprocesses, so two cores serve two files (31 -> 19 min on 2 cores);
+        # files in the order tests/conftest.py puts them (xdist would queue the files with most tests first,
+        # leaving a long one-test file to run alone at the end)
+        rest = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder", *rest]
     if not any(arg.startswith("--durations") for arg in rest):
         rest = ["--durations=20", *rest]  # the slowest tests, in every run's log (README lists them)
     return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], env=env, cwd=ROOT)

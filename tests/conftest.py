@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import subprocess
@@ -29,13 +30,42 @@ def assert_seed_train_lines(stdout: str, steps: list[int]) -> None:
     assert [int(m.group(1)) for m in parsed] == steps
 
 
+# Seconds each test file took in a full run (`python3 dev.py test --record-durations` rewrites it): only the
+# order files are handed to the pytest workers follows it, nothing is timed against it.
+DURATIONS = Path(__file__).with_name("durations.json")
+SECONDS_PER_ENGINE_RUN = 10.0  # the guess for a file not in DURATIONS yet, per test that starts a process
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"write each test file's seconds in this run to {DURATIONS.relative_to(ROOT)}")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files that run engines first, those with the most engine runs first (each file's own order
-    kept): the two workers (`--dist loadfile`, one file at a time) then finish together instead of
-    one of them running a long file alone at the end."""
+    """The longest files first (each file's own order kept): the two workers (`--dist loadfile`, one file at
+    a time) then end together on short files, instead of one of them running a long file alone at the end."""
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     runs = collections.Counter(item.path for item in items if item.get_closest_marker("e2e"))
+
+    def expected(path: Path) -> float:
+        return known.get(str(path.relative_to(ROOT)), SECONDS_PER_ENGINE_RUN * runs[path])
+
     first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
-    items.sort(key=lambda item: (-runs[item.path], first_seen[item.path]))
+    items.sort(key=lambda item: (-expected(item.path), first_seen[item.path]))
+
+
+_file_seconds: collections.Counter = collections.Counter()
+
+
+def pytest_runtest_logreport(report):
+    _file_seconds[report.nodeid.split("::")[0]] += report.duration  # setup, call and teardown
+
+
+def pytest_sessionfinish(session):
+    """``--record-durations``, in the process that saw every report (xdist's controller, or the only one)."""
+    if session.config.getoption("record_durations") and not hasattr(session.config, "workerinput"):
+        DURATIONS.write_text(json.dumps({path: round(seconds, 1) for path, seconds in sorted(_file_seconds.items())},
+                                        indent=0) + "\n")
 
 
 # What a unit test may not start: another Python (the primus CLI, an engine, a tools/ script) or a shell
