@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from tests.helpers import CLI, WarmServer, run_cli
 
@@ -100,6 +101,11 @@ def _unit_tests_start_no_python(request, monkeypatch):
 _SESSION_CACHES = tempfile.mkdtemp(prefix="primus-test-caches-")
 os.environ.setdefault("PRIMUS_PROFILE_CACHE", os.path.join(_SESSION_CACHES, "profiles"))
 os.environ.setdefault("PRIMUS_PEAK_CACHE", os.path.join(_SESSION_CACHES, "cpu_peaks.json"))
+
+# Torch's Inductor writes its cache folder into os.environ the first time anything compiles in this process
+# (an in-process float8 or AutoModel test). Set it now to the folder it would pick, so this process's
+# environment, which the warm servers (tests/warm_start.py) start with and compare runs against, stays put.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
 
 _JOB_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -222,9 +223,7 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
     if not fresh and _ranks_of(args) > 1 and "--verbose" not in args:
         env = with_warm_ranks(_engine_of(args, Path(cwd)), env, Path(cwd))
     server, why = (None, "asked fresh") if fresh else _warm_server(args, env, Path(cwd))
-    if os.environ.get("PRIMUS_TEST_WARM_LOG"):  # which runs were forked warm, and why not, for whoever tunes this
-        with open(os.environ["PRIMUS_TEST_WARM_LOG"], "a") as log:
-            log.write(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]} :: {why}\n")
+    _warm_log(f"{'warm' if server else 'fresh'} {' '.join(args)[:160]} :: {why}")
     if server is not None:
         return server.run(args, env, Path(cwd), timeout)
     process = subprocess.Popen([*CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -236,6 +235,14 @@ def run_cli(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float,
         process.communicate()
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _warm_log(line: str) -> None:
+    """One line in ``PRIMUS_TEST_WARM_LOG`` where it is set: which runs were forked warm and why not, which
+    servers started, for whoever tunes the warm start."""
+    if os.environ.get("PRIMUS_TEST_WARM_LOG"):
+        with open(os.environ["PRIMUS_TEST_WARM_LOG"], "a") as log:
+            log.write(f"{line}\n")
 
 
 _FRAMEWORK = re.compile(r"\bframework\s*[:=]\s*[\"']?(torchtitan|megatron|nemo_automodel)\b")
@@ -354,12 +361,15 @@ class WarmServer:
                                             stderr=log, start_new_session=True)
         line = self.process.stdout.readline()
         self.recorded = json.loads(line) if line else None
+        _warm_log(f"server {engine} {'for ranks' if env is not None else 'for the CLI'} in {os.getpid()}")
         atexit.register(self.close)
 
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.stdin.close()  # the server ends when its stdin does
             self.process.wait(timeout=30)
+        if not os.environ.get("PRIMUS_TEST_WARM_LOG"):  # tuning: keep server.log (which ranks it refused, why)
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     @property
     def usable(self) -> bool:
