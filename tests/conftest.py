@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import re
 import subprocess
@@ -123,6 +124,25 @@ def _no_job_env_left_behind():
         for key in [k for k, v in before.items() if v is None]:
             os.environ.pop(key, None)
         pytest.fail(f"the test left {changed} in os.environ", pytrace=False)
+
+
+def _disabled_loggers() -> set[str]:
+    return {name for name, logger in logging.root.manager.loggerDict.items()
+            if isinstance(logger, logging.Logger) and logger.disabled}
+
+
+@pytest.fixture(autouse=True)
+def _no_logger_left_disabled():
+    """Fail a test that leaves a logger of this worker disabled (a library's ``logging.config.dictConfig``
+    disables every logger that exists): every later test here would find Primus' logs empty."""
+    before = _disabled_loggers()
+    yield
+    disabled = _disabled_loggers() - before
+    if disabled:
+        for name in disabled:
+            logging.getLogger(name).disabled = False
+        pytest.fail(f"the test left {len(disabled)} loggers disabled ({', '.join(sorted(disabled)[:3])}, ...)",
+                    pytrace=False)
 
 
 @pytest.fixture(autouse=True)

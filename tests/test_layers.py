@@ -1,6 +1,8 @@
 """Layers one way: the import-linter contracts of pyproject.toml hold, and no module imports itself in a circle."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from tests.helpers import ROOT
@@ -12,7 +14,15 @@ def test_the_import_contracts_hold(capsys, monkeypatch):
     from importlinter.cli import lint_imports
 
     monkeypatch.chdir(ROOT)
-    code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    # lint_imports configures logging as its CLI (logging.config.dictConfig, which disables every logger that
+    # exists): this pytest process's loggers are given back as they were, or later tests here log nothing
+    loggers = [lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    disabled = [lg.disabled for lg in loggers]
+    try:
+        code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    finally:
+        for logger, was in zip(loggers, disabled):
+            logger.disabled = was
     assert code == 0, capsys.readouterr().out[-4000:]
 
 
