@@ -273,13 +273,21 @@ def _warm_server(args: list[str], env: dict[str, str], cwd: Path) -> tuple["Warm
         return None, "no one engine named"
     server = _servers.get(engine)
     if server is None or server.outdated_for(env, cwd, dict(os.environ)):
+        started_for = "the first run" if server is None else _replacing(server, env, cwd)
         if server is not None:
             server.close()
-        server = _servers[engine] = WarmServer(engine)
+        server = _servers[engine] = WarmServer(engine, why=started_for)
     if not server.usable:
         return None, "server unusable"
     why = differences(server.recorded, server.env, env, str(cwd))
     return (None, "differs in " + ",".join(why)) if why else (server, "")
+
+
+def _replacing(server: "WarmServer", env: dict[str, str], cwd: Path) -> str:
+    from tests.warm_start import differences
+
+    return "one differing in " + ",".join(differences(server.recorded, server.env, env, str(cwd)) if server.usable
+                                          else ["(unusable)"])
 
 
 def _warm_wanted(args: list[str], env: dict[str, str]) -> bool:
@@ -304,11 +312,13 @@ def with_warm_ranks(engine: str | None, env: dict[str, str], cwd: Path) -> dict[
         current = {"OMP_NUM_THREADS": "1", **os.environ}
         outdated = next((s for s in _rank_servers if s.engine == engine and s.outdated_for(rank_env, cwd, current)),
                         None)
+        started_for = _replacing(outdated, rank_env, cwd) if outdated else \
+            "; ".join(_replacing(s, rank_env, cwd) for s in _rank_servers if s.engine == engine) or "the first run"
         if outdated is not None:
             outdated.close()
             _rank_servers.remove(outdated)
     if server is None and sum(s.engine == engine for s in _rank_servers) < _RANK_SERVERS_PER_ENGINE:
-        server = WarmServer(engine, env=rank_env, cwd=cwd)
+        server = WarmServer(engine, env=rank_env, cwd=cwd, why=started_for)
         _rank_servers.append(server)
     if server is None or not server.usable:
         return env
@@ -344,7 +354,7 @@ class WarmServer:
     """One ``python -m tests.warm_start`` of this pytest process, with ``engine`` imported, started with
     ``env`` (this process's environment) in ``cwd``."""
 
-    def __init__(self, engine: str, env: dict[str, str] | None = None, cwd: Path = ROOT):
+    def __init__(self, engine: str, env: dict[str, str] | None = None, cwd: Path = ROOT, why: str = ""):
         import atexit
         import tempfile
 
@@ -361,7 +371,7 @@ class WarmServer:
                                             stderr=log, start_new_session=True)
         line = self.process.stdout.readline()
         self.recorded = json.loads(line) if line else None
-        _warm_log(f"server {engine} {'for ranks' if env is not None else 'for the CLI'} in {os.getpid()}")
+        _warm_log(f"server {engine} {'for ranks' if env is not None else 'for the CLI'} in {os.getpid()} :: {why}")
         atexit.register(self.close)
 
     def close(self) -> None:
