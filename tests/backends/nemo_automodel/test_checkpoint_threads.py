@@ -21,9 +21,11 @@ torch.set_num_threads(2)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 torch.ones(1 << 20).add_(1)    # the main thread's own OpenMP pool exists before we count
 
-def threads(settle=3.0):
+def threads(settle=3.0, until=None):
+    # OpenMP workers of a destroyed group exit asynchronously: wait for the count to settle, or to come back to
+    # `until` (threads only end after a save or load returned: none starts later)
     deadline, count = time.monotonic() + settle, len(os.listdir("/proc/self/task"))
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and count != until:
         time.sleep(0.1)
         count = len(os.listdir("/proc/self/task"))
     return count
@@ -35,11 +37,11 @@ path = os.path.join(sys.argv[2], "model")
 state = {f"blocks.{i}.weight": torch.randn(8) for i in range(2000)}   # plan: hundreds of KiB
 scope = checkpoint_on_transient_group() if sys.argv[1] == "patched" else contextlib.nullcontext()
 with scope:
-    before = threads()
+    before = threads(settle=1.0)
     checkpointer._do_save(state, path)
-    after_save = threads()
+    after_save = threads(until=before)
     loaded = checkpointer._do_load({key: torch.zeros(8) for key in state}, path)
-    after_load = threads()
+    after_load = threads(until=before)
 assert all(torch.equal(loaded[key], state[key]) for key in state), "checkpoint round trip differs"
 print(before, after_save, after_load, flush=True)
 dist.destroy_process_group()

@@ -26,23 +26,24 @@ torch.set_num_threads(2)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 torch.ones(1 << 20).add_(1)    # the main thread's own OpenMP pool exists before we count
 
-def threads(settle=3.0):
-    # OpenMP workers of a destroyed group exit asynchronously: wait for the count to settle
+def threads(settle=3.0, until=None):
+    # OpenMP workers of a destroyed group exit asynchronously: wait for the count to settle, or to come back to
+    # `until` (threads only end after a save or load returned: none starts later)
     deadline, count = time.monotonic() + settle, len(os.listdir("/proc/self/task"))
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and count != until:
         time.sleep(0.1)
         count = len(os.listdir("/proc/self/task"))
     return count
 
-before = threads()
+before = threads(settle=1.0)
 state = {f"layers.{i}.weight": torch.randn(8) for i in range(2000)}   # plan: hundreds of KiB
 manager = object.__new__(checkpointer.CheckpointManager)   # the trainer's own save/load methods
 manager.sd_adapter, manager.states = None, {}
 manager.dcp_save(state, checkpoint_id=sys.argv[2], async_mode=checkpointer.AsyncMode.DISABLED)
-after_save = threads()
+after_save = threads(until=before)
 loaded = {key: torch.zeros(8) for key in state}
 manager.dcp_load(loaded, checkpoint_id=sys.argv[2], from_hf=False, from_quantized=False)
-after_load = threads()
+after_load = threads(until=before)
 assert all(torch.equal(loaded[key], state[key]) for key in state), "checkpoint round trip differs"
 print(before, after_save, after_load, flush=True)
 dist.destroy_process_group()
