@@ -321,6 +321,7 @@ def with_warm_ranks(engine: str | None, env: dict[str, str], cwd: Path) -> dict[
         server = WarmServer(engine, env=rank_env, cwd=cwd, why=started_for)
         _rank_servers.append(server)
     if server is None or not server.usable:
+        _warm_log(f"cold ranks of {engine} :: {'server unusable' if server else 'no server matches, none more'}")
         return env
     return {**env, "PYTHON_EXEC": server.client, "PRIMUS_TEST_WARM_SOCKET": str(server.folder / "socket")}
 

@@ -82,7 +82,10 @@ class _RecordingEnviron(os._Environ):
         self._reads, self._iterated = reads, iterated
 
     def _record(self, key) -> None:
-        if isinstance(key, str) and f"{os.sep}primus{os.sep}" not in _caller(sys._getframe(2)).f_code.co_filename:
+        reader = sys._getframe(2)
+        if reader.f_code.co_name == "__iter__" and reader.f_code.co_filename.startswith("<frozen"):
+            return  # a mapping view's items()/values() iterating: recorded as the iteration it is (``__iter__``)
+        if isinstance(key, str) and f"{os.sep}primus{os.sep}" not in _caller(reader).f_code.co_filename:
             self._reads.add(key)
 
     def __getitem__(self, key):
