@@ -108,13 +108,15 @@ os.environ.setdefault("PRIMUS_PEAK_CACHE", os.path.join(_SESSION_CACHES, "cpu_pe
 # environment, which the warm servers (tests/warm_start.py) start with and compare runs against, stays put.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
 
-_JOB_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+# A rank's environment: the rendezvous, the rank, and the flight recorder a rank turns on for its collectives.
+_JOB_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCH_FR_BUFFER_SIZE")
 
 
 @pytest.fixture(autouse=True)
 def _no_job_env_left_behind():
-    """Fail a test that leaves a rendezvous address or a rank in this process's environment: every later
-    launch of the session would inherit it (one leaked MASTER_PORT made two workers' runs collide)."""
+    """Fail a test that leaves a rank's environment in this process: every later launch of the session would
+    inherit it (one leaked MASTER_PORT made two workers' runs collide; a leaked flight-recorder size made
+    every warm server outdated)."""
     before = {key: os.environ.get(key) for key in _JOB_ENV}
     yield
     after = {key: os.environ.get(key) for key in _JOB_ENV}

@@ -84,19 +84,20 @@ def write_run(run_dir: Path, framework: str, params: dict[str, Any], *, stage: s
 
 @contextlib.contextmanager
 def _one_rank_env() -> Iterator[None]:
-    """RANK/LOCAL_RANK/WORLD_SIZE of a one-rank worker, for its duration only: left behind, they
-    would reach every later subprocess of the session (a CLI would think it is rank 0 of a job); so
-    would a rendezvous address an engine set (every later launch on one port)."""
-    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    saved = {name: os.environ.get(name) for name in names}
+    """RANK/LOCAL_RANK/WORLD_SIZE of a one-rank worker, and whatever the rank sets in its environment, for its
+    duration only (a real rank's environment ends with it): left behind, a rank would reach every later
+    subprocess of the session (a CLI would think it is rank 0 of a job), so would a rendezvous address an
+    engine set (every later launch on one port), and the flight recorder's buffer size would move the
+    environment the warm servers compare runs against."""
+    saved = dict(os.environ)
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     try:
         yield
     finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
         for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
+            if os.environ.get(name) != value:
                 os.environ[name] = value
 
 
