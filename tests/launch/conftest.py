@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,10 @@ def slurm_cluster(tmp_path_factory):
 def podman_env(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("rootful podman needs root")
-    base = tmp_path_factory.mktemp("podman")
+    # a short path, as docker's: conmon's attach socket lives under the run root, and past a unix socket path's
+    # 108 bytes (pytest's /tmp/pytest-of-root/pytest-N/popen-gwN/podman0/...) `podman run --rm` waited ~20 s
+    # after the container had exited
+    base = Path(tempfile.mkdtemp(prefix="primus-podman-"))
     try:
         script("podman_up.sh", {"BASE": str(base)}, timeout=600)
         yield {"CONTAINERS_CONF": str(base / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(base / "storage.conf")}
