@@ -83,22 +83,26 @@ def write_run(run_dir: Path, framework: str, params: dict[str, Any], *, stage: s
 
 
 @contextlib.contextmanager
+def _restored_environ() -> Iterator[None]:
+    """os.environ back as it is now after the block, whatever the block set or removed."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
 def _one_rank_env() -> Iterator[None]:
     """RANK/LOCAL_RANK/WORLD_SIZE of a one-rank worker, and whatever the rank sets in its environment, for its
     duration only (a real rank's environment ends with it): left behind, a rank would reach every later
     subprocess of the session (a CLI would think it is rank 0 of a job), so would a rendezvous address an
     engine set (every later launch on one port), and the flight recorder's buffer size would move the
     environment the warm servers compare runs against."""
-    saved = dict(os.environ)
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
-    try:
+    with _restored_environ():
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
         yield
-    finally:
-        for name in set(os.environ) - set(saved):
-            del os.environ[name]
-        for name, value in saved.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
 
 
 def _worker_in_process(run_dir: Path, framework: str, params: dict[str, Any], stage: str, resume: bool) -> int:
@@ -155,20 +159,15 @@ def cli_in_process(*argv: object, env: dict[str, str] | None = None) -> subproce
 
     from primus.cli.main import main
 
-    saved = dict(os.environ)
     out, err = io.StringIO(), io.StringIO()
-    if env is not None:
-        os.environ.clear()
-        os.environ.update(env)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main([str(a) for a in argv])
-            except SystemExit as exc:  # argparse
-                code = int(exc.code or 0)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    with _restored_environ(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse
+            code = int(exc.code or 0)
     return subprocess.CompletedProcess(["primus", *map(str, argv)], code, out.getvalue(), err.getvalue())
 
 
@@ -313,12 +312,13 @@ def with_warm_ranks(engine: str | None, env: dict[str, str], cwd: Path) -> dict[
         current = {"OMP_NUM_THREADS": "1", **os.environ}
         outdated = next((s for s in _rank_servers if s.engine == engine and s.outdated_for(rank_env, cwd, current)),
                         None)
-        started_for = _replacing(outdated, rank_env, cwd) if outdated else \
-            "; ".join(_replacing(s, rank_env, cwd) for s in _rank_servers if s.engine == engine) or "the first run"
+        replaced = _replacing(outdated, rank_env, cwd) if outdated is not None else None
         if outdated is not None:
             outdated.close()
             _rank_servers.remove(outdated)
     if server is None and sum(s.engine == engine for s in _rank_servers) < _RANK_SERVERS_PER_ENGINE:
+        started_for = replaced or "; ".join(_replacing(s, rank_env, cwd) for s in _rank_servers
+                                            if s.engine == engine) or "the first run"
         server = WarmServer(engine, env=rank_env, cwd=cwd, why=started_for)
         _rank_servers.append(server)
     if server is None or not server.usable:
